@@ -1,0 +1,76 @@
+# PEARL — developer entry points. `make run` and `make test` set themselves up (`make setup`).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pearl-setup-$(shell cat pyproject.toml scripts/setup.sh 2>/dev/null | sha1sum | cut -c1-12)
+MODELS := .models
+CONFIG ?= configs/cpu-demo.yaml
+PYTEST_ARGS ?=
+
+.PHONY: setup models test test-fast test-gpu lint typecheck run run-tiny simulate experiments bench \
+        reliability swebench-qwen3-8b swebench-qwen3-30b-a3b clean
+
+## setup: create .venv and install PEARL with vLLM (CPU), dev tools and local models (idempotent)
+setup: $(STAMP) $(MODELS)/.built
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	PY=$(PY) bash scripts/setup.sh
+	@rm -f $(VENV)/.pearl-setup-* && touch $@
+
+## models: build the local model folders (SmolLM2-135M-Instruct untied, tiny Qwen3); no hub access
+models: $(MODELS)/.built
+$(MODELS)/.built: $(STAMP) pearl/models.py
+	$(BIN)/python -m pearl.models build --out $(MODELS)
+	@touch $@
+
+## test: the whole suite (unit, property, integration with real vLLM servers on CPU)
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## test-fast: everything but the real-engine integration tests
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not vllm and not slow" $(PYTEST_ARGS)
+
+## test-gpu: SGLang/NCCL tests on a GPU host (pip install -e '.[sglang]' first)
+test-gpu:
+	$(BIN)/python -m pytest -q -m gpu --run-gpu $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check pearl envs tests benchmarks
+	$(BIN)/mypy pearl/core
+
+typecheck: setup
+	$(BIN)/mypy pearl/core
+
+## run: PEARL end to end on this CPU (real vLLM engines, trainer, repofix env, availability trace)
+run: setup
+	$(BIN)/python -m pearl run --config $(CONFIG)
+
+run-tiny: setup
+	$(BIN)/python -m pearl run --config $(CONFIG) --tiny
+
+## simulate: replay a real spot trace at paper scale through the real control plane (virtual time)
+SIM_CONFIG ?= configs/qwen3-8b-h200.yaml
+SIM_TRACE ?= ../shared/data/traces/spot-aws-16node-2023-08-27/us-east-2b_v100_1.json
+simulate: setup
+	$(BIN)/python -m pearl simulate --config $(SIM_CONFIG) --trace $(SIM_TRACE) --systems pearl,roll,rlboost+,oracle
+
+experiments: setup
+	$(BIN)/python -m pearl experiments all
+
+## bench: decision + planning latency (and other benchmarks under benchmarks/)
+bench: setup
+	$(BIN)/python benchmarks/bench_decision.py
+
+reliability: setup
+	$(BIN)/python -m pearl reliability
+
+swebench-qwen3-8b: setup
+	$(BIN)/python -m pearl run --config configs/swebench-qwen3-8b.yaml
+
+swebench-qwen3-30b-a3b: setup
+	$(BIN)/python -m pearl run --config configs/swebench-qwen3-30b-a3b.yaml
+
+clean:
+	rm -rf $(VENV) $(MODELS) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,372 @@
+"""Typed configuration of a PEARL run (pydantic), loaded from YAML in ``configs/``.
+
+A run config names or inlines its parts::
+
+    model: qwen3-8b              # -> configs/models/qwen3-8b.yaml, or an inline mapping
+    hardware: h200               # -> configs/hardware/h200.yaml, or inline
+    cluster: {...}               # GPUs per zone, tensor parallel size
+    workload: {...}              # agentic workload model (SWE-bench-like defaults)
+    policy: {...}                # hysteresis, gates, staleness bound
+    engine: {...}                # emulated | vllm | sglang
+    train: {...}                 # GRPO knobs, training step time for emulation
+    admin: {...}                 # admin API host/port/token
+    prices: {...}                # $/GPU-hour per zone
+
+Every error names the field path and, for cross-field checks, both conflicting values.
+Unknown keys are rejected (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------------------------- model
+class ModelSpec(_Strict):
+    """Architecture facts of the policy model (sources in the YAML files)."""
+
+    name: str
+    n_layers: int = Field(ge=1, description="transformer layers")
+    hidden_size: int = Field(ge=1)
+    n_heads: int = Field(ge=1, description="query heads")
+    n_kv_heads: int = Field(ge=1, description="key/value heads (GQA)")
+    head_dim: int = Field(ge=1)
+    total_params_b: float = Field(gt=0, description="total parameters, billions")
+    active_params_b: float = Field(gt=0, description="parameters used per token, billions (MoE: < total)")
+    n_experts: int = Field(default=0, ge=0, description="routed experts per MoE layer (0 = dense)")
+    experts_per_token: int = Field(default=0, ge=0, description="top-k routed experts per token")
+    expert_params_b: float = Field(default=0.0, ge=0, description="parameters in all routed experts, billions")
+    dtype_bytes: int = Field(default=2, ge=1, le=4, description="bytes per weight / KV element (bf16 = 2)")
+    vocab_size: int = Field(default=151936, ge=1)
+    max_context: int = Field(default=40960, ge=1)
+    path: str | None = Field(default=None, description="local weights folder (real engines only)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.active_params_b > self.total_params_b:
+            raise ValueError(
+                f"active_params_b={self.active_params_b} exceeds total_params_b={self.total_params_b}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} must be in 1..n_experts={self.n_experts}"
+            )
+        if self.expert_params_b > self.total_params_b:
+            raise ValueError(
+                f"expert_params_b={self.expert_params_b} exceeds total_params_b={self.total_params_b}"
+            )
+        return self
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token: 2 (K and V) * layers * kv_heads * head_dim * dtype bytes."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_params_b * 1e9 * self.dtype_bytes
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+
+# ---------------------------------------------------------------------------------- hardware
+class HardwareSpec(_Strict):
+    """One accelerator type (sources in the YAML files)."""
+
+    name: str
+    memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    hbm_bandwidth_tbs: float = Field(gt=0, description="memory bandwidth, TB/s")
+    bf16_tflops: float = Field(gt=0, description="measured dense bf16 matmul throughput, TFLOP/s")
+    interconnect_gbs: float = Field(default=50.0, gt=0, description="KV transfer bandwidth between workers, GB/s")
+    interconnect_latency_s: float = Field(default=0.002, ge=0, description="per-transfer latency, s")
+    memory_utilization: float = Field(default=0.9, gt=0, le=1, description="fraction of memory the engine may use")
+    prefill_mfu: float = Field(default=0.45, gt=0, le=1, description="model FLOP utilisation of prefill")
+    decode_bw_efficiency: float = Field(default=0.7, gt=0, le=1, description="fraction of peak bandwidth decode reaches")
+    step_overhead_s: float = Field(default=0.004, ge=0, description="fixed per-iteration scheduling/launch overhead, s")
+
+
+# ----------------------------------------------------------------------------------- cluster
+class ClusterSpec(_Strict):
+    """GPUs per zone. The paper: 16 training (overlap) GPUs, 4 reserved + up to 12 preemptible."""
+
+    reserved_gpus: int = Field(default=4, ge=0)
+    max_preemptible_gpus: int = Field(default=12, ge=0)
+    training_gpus: int = Field(default=16, ge=0, description="training GPUs, borrowable as the overlap zone")
+    tp_size: int = Field(default=1, ge=1, description="GPUs per rollout worker (tensor parallel)")
+    gpus_per_node: int = Field(default=8, ge=1)
+    gpus_per_instance: int = Field(default=1, ge=1, description="GPUs per preemptible cloud instance")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterSpec:
+        if self.gpus_per_node % self.tp_size:
+            raise ValueError(f"gpus_per_node={self.gpus_per_node} is not a multiple of tp_size={self.tp_size}")
+        if self.reserved_gpus + self.max_preemptible_gpus == 0:
+            raise ValueError("reserved_gpus=0 and max_preemptible_gpus=0: the rollout pool can never have a GPU")
+        return self
+
+    @property
+    def max_rollout_gpus(self) -> int:
+        return self.reserved_gpus + self.max_preemptible_gpus + self.training_gpus
+
+
+# ---------------------------------------------------------------------------------- workload
+class Distribution(_Strict):
+    """A positive random quantity: lognormal with ``mean`` and coefficient of variation ``cv``
+    (cv=0: constant), clipped to [min, max]."""
+
+    mean: float = Field(gt=0)
+    cv: float = Field(default=0.5, ge=0)
+    min: float = Field(default=0.0, ge=0)
+    max: float = Field(default=float("inf"), gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Distribution:
+        if self.min > self.max:
+            raise ValueError(f"min={self.min} > max={self.max}")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    """SWE-bench-like agentic rollout workload (defaults documented in configs/README.md)."""
+
+    batch_size: int = Field(default=64, ge=1, description="B: trajectories per rollout batch")
+    group_size: int = Field(default=8, ge=1, description="GRPO samples per task")
+    max_trajectory_tokens: int = Field(default=32768, ge=256, description="trajectory length limit")
+    turns: Distribution = Distribution(mean=24, cv=0.5, min=2, max=60)
+    system_prompt_tokens: int = Field(default=2500, ge=0, description="system prompt + task statement")
+    observation_tokens: Distribution = Distribution(mean=700, cv=1.0, min=20, max=8000)
+    response_tokens: Distribution = Distribution(mean=320, cv=0.8, min=8, max=4096)
+    env_step_s: Distribution = Distribution(mean=4.0, cv=1.2, min=0.2, max=120.0)
+    prefix_cache_hit: float = Field(default=0.9, ge=0, le=1, description="fraction of previous context found in prefix cache")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}")
+        if self.system_prompt_tokens >= self.max_trajectory_tokens:
+            raise ValueError(
+                f"system_prompt_tokens={self.system_prompt_tokens} >= max_trajectory_tokens="
+                f"{self.max_trajectory_tokens}"
+            )
+        return self
+
+
+# ------------------------------------------------------------------------------------ policy
+class PolicySpec(_Strict):
+    """Decision and gating knobs (paper Sec. 4.3.2 and 4.6)."""
+
+    mode_switch_threshold: float = Field(
+        default=0.08, ge=0, lt=1, description="relative predicted saving needed to change PD mode"
+    )
+    ratio_switch_threshold: float = Field(
+        default=0.03, ge=0, lt=1, description="relative predicted saving needed to change the P:D ratio"
+    )
+    allow_disaggregation: bool = True
+    min_prefill_workers: int = Field(default=1, ge=1)
+    min_decode_workers: int = Field(default=1, ge=1)
+    max_prefill_utilization: float = Field(default=0.95, gt=0, le=1, description="prefill pool feasibility cap")
+    gate_enabled: bool = True
+    gate_margin: float = Field(default=1.0, ge=0, description="saving must exceed margin * cost")
+    cost_ema_alpha: float = Field(default=0.3, gt=0, le=1, description="EMA weight of a new cost sample")
+    initial_activation_s: float = Field(default=6.0, ge=0, description="prior borrow activation cost (paper: ~6 s)")
+    initial_deactivation_s: float = Field(default=3.8, ge=0, description="prior return cost (paper: 3.2-4.4 s)")
+    initial_expansion_s: float = Field(default=75.0, ge=0, description="prior expansion cost (paper: 56-67 + 11-18 s)")
+    max_staleness: int = Field(default=1, ge=0, description="max weight versions a trajectory may lag the trainer")
+    profile_ema_alpha: float = Field(default=0.5, gt=0, le=1, description="EMA weight of a new profile fit")
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicySpec:
+        if self.ratio_switch_threshold > self.mode_switch_threshold:
+            raise ValueError(
+                f"ratio_switch_threshold={self.ratio_switch_threshold} > mode_switch_threshold="
+                f"{self.mode_switch_threshold}: a mode change must need at least the saving of a ratio change"
+            )
+        return self
+
+
+# ------------------------------------------------------------------------------------ engine
+class EngineSpec(_Strict):
+    kind: Literal["emulated", "vllm", "sglang"] = "emulated"
+    max_model_len: int = Field(default=4096, ge=64)
+    kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM CPU KV space per server, GiB")
+    threads_per_server: int = Field(default=1, ge=1)
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    base_port: int = Field(default=30000, ge=1024, le=65000)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------- train
+class TrainSpec(_Strict):
+    algorithm: Literal["grpo"] = "grpo"
+    step_time_s: float = Field(default=164.0, gt=0, description="emulated training step (paper: ~164 s, Qwen3-8B)")
+    learning_rate: float = Field(default=1e-6, gt=0)
+    clip_eps_low: float = Field(default=0.2, ge=0)
+    clip_eps_high: float = Field(default=0.28, ge=0)
+    kl_coef: float = Field(default=0.0, ge=0)
+    world_size: int = Field(default=1, ge=1)
+    backend: Literal["gloo", "nccl"] = "gloo"
+    weight_sync_s: float = Field(default=12.0, ge=0, description="emulated weight sync to rollout workers")
+
+
+# ------------------------------------------------------------------------------------- admin
+class AdminSpec(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    token: str | None = Field(default=None, repr=False, description="bearer token; or env PEARL_ADMIN_TOKEN")
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_events_per_s: float = Field(default=50.0, gt=0)
+
+
+class PricesSpec(_Strict):
+    """$/GPU-hour by zone. Default: H100 prices RLBoost used ($83.79/h on-demand, $21.28/h spot per 8 GPUs)."""
+
+    reserved: float = Field(default=83.79 / 8, ge=0)
+    overlap: float = Field(default=83.79 / 8, ge=0)
+    preemptible: float = Field(default=21.28 / 8, ge=0)
+
+
+# --------------------------------------------------------------------------------------- run
+class RunConfig(_Strict):
+    name: str = "pearl"
+    model: ModelSpec
+    hardware: HardwareSpec
+    cluster: ClusterSpec = ClusterSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    policy: PolicySpec = PolicySpec()
+    engine: EngineSpec = EngineSpec()
+    train: TrainSpec = TrainSpec()
+    admin: AdminSpec = AdminSpec()
+    prices: PricesSpec = PricesSpec()
+    trace: str | None = Field(default=None, description="availability trace file for replays / make run")
+    output_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        ctx = self.model.max_context
+        if self.workload.max_trajectory_tokens > ctx:
+            raise ValueError(
+                f"workload.max_trajectory_tokens={self.workload.max_trajectory_tokens} exceeds "
+                f"model.max_context={ctx}"
+            )
+        mem = self.hardware.memory_gb * 1e9 * self.hardware.memory_utilization * self.cluster.tp_size
+        if self.model.weight_bytes >= mem:
+            raise ValueError(
+                f"model.weight_bytes={self.model.weight_bytes / 1e9:.1f} GB does not fit in "
+                f"cluster.tp_size={self.cluster.tp_size} x hardware.memory_gb={self.hardware.memory_gb} "
+                f"x memory_utilization={self.hardware.memory_utilization}"
+            )
+        return self
+
+
+# ------------------------------------------------------------------------------------ loading
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{got_s}")
+    return "\n".join(lines)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config {path}{where} is not valid YAML: {getattr(e, 'problem', e)}") from None
+
+
+_PART_FOLDERS = {"model": "models", "hardware": "hardware"}
+
+
+def _resolve_part(value: Any, kind: str, base: Path) -> Any:
+    """A part given by name (``qwen3-8b``) or path is read from ``configs/<kind>s/``."""
+    if not isinstance(value, str):
+        return value
+    folder = CONFIG_DIR / _PART_FOLDERS.get(kind, f"{kind}s")
+    candidates = [base / value, base / f"{value}.yaml", folder / f"{value}.yaml", Path(value)]
+    for c in candidates:
+        if c.is_file():
+            data = _read_yaml(c)
+            if not isinstance(data, dict):
+                raise ConfigError(f"{kind} file {c} must hold a mapping, got {type(data).__name__}")
+            return data
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    raise ConfigError(f"{kind} {value!r} not found (looked in {base} and {folder}; known: {known})")
+
+
+def parse_config(data: Any, source: str = "<dict>", base: Path | None = None) -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {source} must be a mapping at top level, got {type(data).__name__}")
+    base = base or CONFIG_DIR
+    data = dict(data)
+    for part in ("model", "hardware"):
+        if part not in data:
+            raise ConfigError(f"config {source}: missing required field '{part}'")
+        data[part] = _resolve_part(data[part], part, base)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Load a run config from YAML (a name like ``qwen3-8b-h200`` is looked up in ``configs/``).
+
+    ``overrides`` are dotted paths, e.g. ``{"workload.batch_size": 32}``.
+    """
+    p = Path(path)
+    if not p.is_file():
+        alt = CONFIG_DIR / f"{path}.yaml"
+        if alt.is_file():
+            p = alt
+        else:
+            known = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
+            raise ConfigError(f"config {path} not found (known in configs/: {known})")
+    data = _read_yaml(p)
+    if isinstance(data, dict) and overrides:
+        data = apply_overrides(data, overrides)
+    return parse_config(data, str(p), p.parent)
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(data)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        cur = out
+        for part in parts[:-1]:
+            nxt = cur.get(part)
+            if isinstance(nxt, str):
+                nxt = _resolve_part(nxt, part, CONFIG_DIR)
+            nxt = dict(nxt) if isinstance(nxt, dict) else {}
+            cur[part] = nxt
+            cur = nxt
+        cur[parts[-1]] = value
+    return out

@@ -1,0 +1,193 @@
+"""The one inference-engine contract the runtime uses (emulated, vLLM on CPU, SGLang on GPUs).
+
+The runtime never talks HTTP or spawns processes itself: it holds an ``InferenceEngine`` and asks
+it to launch / stop servers bound to GPUs (or CPU cores), to generate from token ids (colocated, or
+prefill -> KV transfer -> decode across two servers), to abort, pause and resume, to load weight
+snapshots, and to release / resume memory on borrowed training GPUs.
+
+Request life cycle seen through this contract::
+
+    generate(...) / generate_pd(...)
+        -> GenerateResult(finish_reason=stop|length)         normal completion
+        -> GenerateResult(finish_reason=abort, partial out)  aborted (preemption, role change,
+                                                             weight update): the caller keeps the
+                                                             partial tokens+logprobs and resumes
+                                                             elsewhere with prompt + partial output
+        -> raises EngineDeadError                            the server died; partial output that
+                                                             was streamed is in ``err.partial``
+        -> raises KVTransferError                            prefill -> decode hand-off failed
+
+Errors follow a small hierarchy: ``EngineError`` (recoverable, the request may be retried
+elsewhere), ``EngineDeadError`` (the server is gone; the runtime must remove it),
+``KVTransferError``, ``EngineStartError`` (launch or readiness failed; names the worker, exit code
+and the tail of its log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from pearl.core.state import Role
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # a stop token / EOS
+    LENGTH = "length"  # max_new_tokens reached
+    ABORT = "abort"  # aborted: the output is partial and the request can be resumed
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """Where and how to run one worker's server.
+
+    ``devices`` are GPU ids on GPU hosts, or CPU core ids for the CPU engine. ``port`` 0 lets the
+    engine pick a free port. ``weights`` is the snapshot folder to load at start.
+    """
+
+    worker_id: str
+    devices: tuple[str, ...]
+    role: Role
+    weights: str
+    weight_version: int = 0
+    port: int = 0
+    host: str = "127.0.0.1"
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """``rid`` is unique per attempt; ``input_ids`` is the full prompt (for a resumed request:
+    the original prompt followed by the partial output already generated)."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    return_logprobs: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """Per-request telemetry (seconds) reported by the engine; the Runtime Tracker fits on it."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    decode_s: float = 0.0
+    decode_concurrency: float = 1.0  # mean running requests on the decode worker while decoding
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    rid: str
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+    prompt_tokens: int
+    cached_tokens: int = 0
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    worker_id: str = ""
+    decode_worker_id: str = ""
+
+
+class EngineError(RuntimeError):
+    """A recoverable engine failure for one request or call: retry elsewhere."""
+
+    def __init__(self, worker_id: str, message: str) -> None:
+        super().__init__(f"worker {worker_id}: {message}")
+        self.worker_id = worker_id
+
+
+class EngineDeadError(EngineError):
+    """The server process is gone. ``partial`` holds whatever output was received before it died."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        message: str,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        partial: GenerateResult | None = None,
+    ) -> None:
+        detail = f"{message} (exit code {exit_code})" if exit_code is not None else message
+        if log_tail:
+            detail += f"; last log lines:\n{log_tail}"
+        super().__init__(worker_id, detail)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        self.partial = partial
+
+
+class EngineStartError(EngineDeadError):
+    """Launch or readiness failed (bad weights, port in use, out of memory, timeout)."""
+
+
+class KVTransferError(EngineError):
+    """The prefill -> decode KV hand-off failed; ``partial`` (if any) is kept by the caller."""
+
+    def __init__(self, worker_id: str, message: str, partial: GenerateResult | None = None) -> None:
+        super().__init__(worker_id, message)
+        self.partial = partial
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """What every data plane implements. All methods are coroutines and cancellation-safe: a
+    cancelled ``generate`` aborts the remote request before re-raising ``CancelledError``."""
+
+    async def launch(self, spec: ServerSpec) -> None:
+        """Start the worker's server and return once it is ready (raises ``EngineStartError``)."""
+        ...
+
+    async def stop(self, worker_id: str) -> None:
+        """Stop the server (idempotent). In-flight requests end with ``finish_reason=abort``."""
+        ...
+
+    async def healthy(self, worker_id: str) -> bool: ...
+
+    async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        """Colocated generation on one worker."""
+        ...
+
+    async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
+        """Disaggregated generation: prefill on ``prefill_id``, KV transfer, decode on ``decode_id``."""
+        ...
+
+    async def abort(self, worker_id: str, rid: str | None = None) -> None:
+        """Abort one request (``rid``) or every request on the worker (None)."""
+        ...
+
+    async def pause(self, worker_id: str) -> None: ...
+
+    async def resume(self, worker_id: str) -> None: ...
+
+    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
+        """Load a weight snapshot folder; afterwards the worker reports ``version``."""
+        ...
+
+    async def weight_version(self, worker_id: str) -> int: ...
+
+    async def release_memory(self, worker_id: str) -> None:
+        """Free device memory (weights + KV) but keep the process: a borrowed GPU goes back."""
+        ...
+
+    async def resume_memory(self, worker_id: str) -> None: ...
+
+    async def set_role(self, worker_id: str, role: Role) -> None:
+        """Change PD role (relaunch, or in place where the engine supports it)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop every server this engine started."""
+        ...
