@@ -153,10 +153,18 @@ class WorkloadSpec(_Strict):
     turns: Distribution = Distribution(mean=24, cv=0.5, min=2, max=60)
     system_prompt_tokens: int = Field(default=2500, ge=0, description="system prompt + task statement")
     observation_tokens: Distribution = Distribution(mean=700, cv=1.0, min=20, max=8000)
-    response_tokens: Distribution = Distribution(mean=320, cv=0.8, min=8, max=4096)
+    response_tokens: Distribution = Distribution(mean=400, cv=0.8, min=8, max=4096)
     env_step_s: Distribution = Distribution(mean=4.0, cv=1.2, min=0.2, max=120.0)
-    prefix_cache_hit: float = Field(default=0.9, ge=0, le=1, description="fraction of previous context found in prefix cache")
+    prefix_cache_hit: float = Field(default=0.4, ge=0, le=1, description="fraction of previous context found in prefix cache")
     seed: int = 0
+    # Added by the simulation helper (pearl/sim/workload.py documents the model):
+    test_run_prob: float = Field(
+        default=0.1, ge=0, le=1, description="probability that an env step is a test run instead of a tool call"
+    )
+    test_run_s: Distribution = Distribution(mean=12.0, cv=0.6, min=2.0, max=300.0)
+    task_difficulty_cv: float = Field(
+        default=0.3, ge=0, description="cv of a per-task factor scaling turns and env time (shared by a GRPO group)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
@@ -189,9 +197,22 @@ class PolicySpec(_Strict):
     cost_ema_alpha: float = Field(default=0.3, gt=0, le=1, description="EMA weight of a new cost sample")
     initial_activation_s: float = Field(default=6.0, ge=0, description="prior borrow activation cost (paper: ~6 s)")
     initial_deactivation_s: float = Field(default=3.8, ge=0, description="prior return cost (paper: 3.2-4.4 s)")
-    initial_expansion_s: float = Field(default=75.0, ge=0, description="prior expansion cost (paper: 56-67 + 11-18 s)")
+    initial_expansion_prep_s: float = Field(default=61.0, ge=0, description="prior expansion preparation (paper: 56-67 s)")
+    initial_expansion_final_s: float = Field(default=14.0, ge=0, description="prior expansion finalisation (paper: 11-18 s)")
     max_staleness: int = Field(default=1, ge=0, description="max weight versions a trajectory may lag the trainer")
     profile_ema_alpha: float = Field(default=0.5, gt=0, le=1, description="EMA weight of a new profile fit")
+    # Added by the simulation helper: knobs that turn the one runtime into each evaluated system
+    # (pearl/sim/systems.py); the defaults are PEARL itself.
+    use_preemptible: bool = Field(default=True, description="accept preemptible GPU grants (False: fixed pool)")
+    borrow_enabled: bool = Field(default=True, description="borrow idle training GPUs (intra-scale toggle)")
+    force_disaggregation: bool = Field(
+        default=False, description="never choose colocation when a feasible disaggregated split exists (ablation)"
+    )
+    allocation_overrides: dict[int, str] = Field(
+        default_factory=dict,
+        description="worker count -> allocation label ('coloc', '5P3D') used instead of the decision engine "
+        "(Table 2 fixed-ratio runs, the hindsight oracle)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PolicySpec:
@@ -215,6 +236,48 @@ class EngineSpec(_Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------------- emulator
+class EmulatorSpec(_Strict):
+    """Constants of the emulated engine (``pearl/engines/emulated.py``) that are not derived from
+    ``ModelSpec`` / ``HardwareSpec``. Time ranges ``(lo, hi)`` are sampled uniformly per event from a
+    seeded generator. Sources: paper Table 3 (Sec. 6.5.2) unless stated otherwise."""
+
+    launch_s: tuple[float, float] = Field(
+        default=(56.0, 67.0), description="new worker: process start + engine init + weight load (Table 3 "
+        "'expansion preparation' 56-67 s)")
+    admission_s: tuple[float, float] = Field(
+        default=(11.0, 18.0), description="new worker: latest-weight sync + admission (Table 3 'finalization' "
+        "11-18 s)")
+    activation_s: tuple[float, float] = Field(
+        default=(5.5, 6.5), description="borrowed GPU: resume device memory of a retained process (Table 3 "
+        "activation ~6 s)")
+    deactivation_s: tuple[float, float] = Field(
+        default=(3.2, 4.4), description="borrowed GPU: release device memory (Table 3 deactivation 3.2-4.4 s)")
+    weight_update_s: float = Field(
+        default=2.0, ge=0, description="in-place weight update of a serving worker after a train step "
+        "(assumption: NCCL broadcast of the weights at interconnect speed, 16 GB / 50 GB/s = 0.3 s, plus "
+        "pause / cache flush / resume ~1.5 s)")
+    role_switch_s: float = Field(
+        default=1.0, ge=0, description="PD role switch of an idle worker in place (assumption: SGLang "
+        "--enable-pd-role-switch re-registers the KV transfer endpoint; no weight reload)")
+    chunk_tokens: int = Field(
+        default=8192, ge=64, description="chunked-prefill budget per iteration (SGLang chunked_prefill_size "
+        "default 8192)")
+    max_running: int = Field(default=256, ge=1, description="max concurrently decoding requests per worker "
+                             "(SGLang max_running_requests order of magnitude)")
+    decode_mfu: float = Field(default=0.5, gt=0, le=1, description="compute efficiency of decode matmuls "
+                              "(assumption; decode is memory-bound at our batch sizes)")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> EmulatorSpec:
+        for name in ("launch_s", "admission_s", "activation_s", "deactivation_s"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"{name}=({lo}, {hi}) must satisfy 0 <= lo <= hi")
+        return self
+
+
 # ------------------------------------------------------------------------------------- train
 class TrainSpec(_Strict):
     algorithm: Literal["grpo"] = "grpo"
@@ -226,15 +289,44 @@ class TrainSpec(_Strict):
     world_size: int = Field(default=1, ge=1)
     backend: Literal["gloo", "nccl"] = "gloo"
     weight_sync_s: float = Field(default=12.0, ge=0, description="emulated weight sync to rollout workers")
+    # Real trainer (pearl/train; docs/training.md). Added by the training helper.
+    advantage_scale: Literal["std", "none"] = Field(
+        default="std", description="group advantage: (r - mean) / std (GRPO) or r - mean (Dr. GRPO)"
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        default="token-mean", description="loss aggregation over the global batch (pearl/train/grpo.py)"
+    )
+    micro_batch_tokens: int = Field(default=4096, ge=16, description="padded tokens per forward/backward pass")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="global gradient-norm clip")
+    weight_decay: float = Field(default=0.0, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    param_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="trainer parameter/optimizer dtype (the master weights)"
+    )
+    snapshot_dtype: Literal["float32", "bfloat16"] = Field(
+        default="bfloat16", description="dtype of the weight snapshots and broadcasts for the engines"
+    )
+    checkpoint_keep: int = Field(default=2, ge=1, description="checkpoints kept on disk (oldest deleted)")
+    checkpoint_every: int = Field(default=1, ge=1, description="write a resumable checkpoint every N updates")
+    fsdp: bool = Field(default=True, description="FSDP2 fully_shard on GPUs (CPU ranks always replicate)")
+    broadcast_bucket_mb: float = Field(default=64.0, gt=0, description="bucket size of the weight broadcast")
+    seed: int = 0
 
 
 # ------------------------------------------------------------------------------------- admin
 class AdminSpec(_Strict):
+    """The admin API on the controller (docs/service.md). Without a token it only listens on loopback."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     token: str | None = Field(default=None, repr=False, description="bearer token; or env PEARL_ADMIN_TOKEN")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
-    max_events_per_s: float = Field(default=50.0, gt=0)
+    max_events_per_s: float = Field(default=50.0, gt=0, description="POST rate limit per client (burst: 1 s)")
+    max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
+    submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
+    agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
+    log_json: bool = Field(default=False, description="structured logs as one JSON object per line")
+    tensorboard: bool = Field(default=True, description="write TensorBoard scalars under output_dir")
 
 
 class PricesSpec(_Strict):
@@ -254,6 +346,7 @@ class RunConfig(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     policy: PolicySpec = PolicySpec()
     engine: EngineSpec = EngineSpec()
+    emulator: EmulatorSpec = EmulatorSpec()
     train: TrainSpec = TrainSpec()
     admin: AdminSpec = AdminSpec()
     prices: PricesSpec = PricesSpec()

@@ -1,0 +1,327 @@
+"""PD Decision Engine (paper Sec. 4.3): choose colocation or a P:D split for the current budget.
+
+``decide(n_workers, batch, hw, wl, policy, current)``:
+
+1. Enumerate colocation on all ``N`` workers and every disaggregated split ``(N_P, N_D)`` with
+   ``N_P + N_D = N``, ``N_P >= min_prefill_workers``, ``N_D >= min_decode_workers``. Splits that
+   leave workers idle are not enumerated: in both makespan models the predicted makespan is
+   non-increasing in N_P and in N_D, so an idle worker never helps.
+2. Predict each candidate's batch makespan (``makespan.py``) and mark infeasible splits (prefill
+   capacity, KV memory ``B K_seq <= N_D H_max``).
+3. Best = the feasible candidate with the minimum predicted makespan (ties: colocation first, then
+   fewer prefill workers: deterministic).
+4. Hysteresis against the current allocation (mode-dependent)::
+
+       saving = (M_current - M_best) / M_current
+       switch mode       only if saving > policy.mode_switch_threshold
+       switch P:D ratio  only if saving > policy.ratio_switch_threshold   (a smaller threshold)
+
+   When the budget changed (a grant, a reclaim, a borrow) the current allocation does not fit
+   ``N`` any more; it is *projected* onto N: colocation stays colocation, a split keeps its
+   prefill fraction ``N_P / (N_P + N_D)`` (rounded, clamped to the legal range). Hysteresis then
+   compares against the projection.
+5. Forced switch: if the current (projected) allocation is infeasible, the best feasible candidate
+   is taken whatever its saving. If no disaggregated split is feasible, colocation is always
+   available (it has no prefill-capacity constraint; KV overflow only queues trajectories).
+
+The returned ``Decision`` carries every candidate's prediction and a human-readable reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.profile import HardwareProfile, WorkloadProfile
+
+
+class DecisionError(ValueError):
+    """A decision could not be made (e.g. a budget of 0 workers); the message says why."""
+
+
+class Mode(StrEnum):
+    COLOCATED = "colocated"
+    DISAGGREGATED = "disaggregated"
+
+
+class _PolicyLike(Protocol):
+    @property
+    def mode_switch_threshold(self) -> float: ...
+    @property
+    def ratio_switch_threshold(self) -> float: ...
+    @property
+    def allow_disaggregation(self) -> bool: ...
+    @property
+    def min_prefill_workers(self) -> int: ...
+    @property
+    def min_decode_workers(self) -> int: ...
+    @property
+    def max_prefill_utilization(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A target role allocation: colocation on ``n_colocated`` workers, or ``n_prefill`` P + ``n_decode`` D."""
+
+    mode: Mode
+    n_prefill: int = 0
+    n_decode: int = 0
+    n_colocated: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.n_prefill, self.n_decode, self.n_colocated) < 0:
+            raise DecisionError(f"negative worker count in {self!r}")
+        if self.mode is Mode.COLOCATED and (self.n_prefill or self.n_decode):
+            raise DecisionError("a colocated allocation has no prefill/decode workers")
+        if self.mode is Mode.DISAGGREGATED and (self.n_colocated or not (self.n_prefill and self.n_decode)):
+            raise DecisionError(
+                f"a disaggregated allocation needs >= 1 prefill and >= 1 decode worker, got "
+                f"{self.n_prefill}P{self.n_decode}D"
+            )
+
+    @staticmethod
+    def colocated(n: int) -> Allocation:
+        return Allocation(Mode.COLOCATED, n_colocated=n)
+
+    @staticmethod
+    def disaggregated(n_prefill: int, n_decode: int) -> Allocation:
+        return Allocation(Mode.DISAGGREGATED, n_prefill=n_prefill, n_decode=n_decode)
+
+    @staticmethod
+    def parse(text: str, n_workers: int) -> Allocation:
+        """``coloc`` / ``colocated`` (all ``n_workers``), ``P:D`` or ``4P4D``."""
+        t = text.strip().lower()
+        if t in ("coloc", "colocated", "c"):
+            return Allocation.colocated(n_workers)
+        m = re.fullmatch(r"(\d+)\s*(?::|p)\s*(\d+)\s*d?", t)
+        if not m:
+            raise DecisionError(f"cannot parse allocation {text!r}: use 'coloc', 'P:D' (e.g. 4:4) or '4P4D'")
+        return Allocation.disaggregated(int(m.group(1)), int(m.group(2)))
+
+    @property
+    def n_workers(self) -> int:
+        return self.n_colocated + self.n_prefill + self.n_decode
+
+    @property
+    def label(self) -> str:
+        return "coloc" if self.mode is Mode.COLOCATED else f"{self.n_prefill}P{self.n_decode}D"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode.value,
+            "n_prefill": self.n_prefill,
+            "n_decode": self.n_decode,
+            "n_colocated": self.n_colocated,
+            "label": self.label,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    allocation: Allocation
+    makespan_s: float
+    feasible: bool
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "label": self.allocation.label,
+            "mode": self.allocation.mode.value,
+            "n_prefill": self.allocation.n_prefill,
+            "n_decode": self.allocation.n_decode,
+            "predicted_makespan_s": round(self.makespan_s, 4),
+            "feasible": self.feasible,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTable:
+    """Every candidate of one evaluation as arrays (materialised into ``Candidate`` s on demand:
+    at 2048 workers building 2048 objects would cost more than predicting them)."""
+
+    n_workers: int
+    batch: int
+    coloc_s: float
+    n_prefill: npt.NDArray[np.int64]
+    makespan_s: npt.NDArray[np.float64]
+    prefill_ok: npt.NDArray[np.bool_]
+    kv_ok: npt.NDArray[np.bool_]
+    kv_demand: float
+    kv_capacity: float
+
+    def __len__(self) -> int:
+        return 1 + len(self.n_prefill)
+
+    def _reason(self, i: int) -> str:
+        reasons = []
+        if not self.prefill_ok[i]:
+            reasons.append("prefill capacity exceeded")
+        if not self.kv_ok[i]:
+            n_d = self.n_workers - int(self.n_prefill[i])
+            reasons.append(f"KV memory: B*K_seq={self.kv_demand:.0f} > N_D*H_max={n_d * self.kv_capacity:.0f}")
+        return "; ".join(reasons)
+
+    def candidate(self, i: int) -> Candidate:
+        """Index 0 is colocation; index 1 + j the j-th split."""
+        if i == 0:
+            return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, True, "")
+        j = i - 1
+        p = int(self.n_prefill[j])
+        ok = bool(self.prefill_ok[j] and self.kv_ok[j])
+        return Candidate(Allocation.disaggregated(p, self.n_workers - p), float(self.makespan_s[j]), ok,
+                         "" if ok else self._reason(j))
+
+    def all(self) -> tuple[Candidate, ...]:
+        return tuple(self.candidate(i) for i in range(len(self)))
+
+    def index_of(self, a: Allocation) -> int | None:
+        if a.n_workers != self.n_workers:
+            return None
+        if a.mode is Mode.COLOCATED:
+            return 0
+        if not len(self.n_prefill):
+            return None
+        j = a.n_prefill - int(self.n_prefill[0])
+        return 1 + j if 0 <= j < len(self.n_prefill) else None
+
+    def best_index(self) -> int:
+        """The feasible minimum; ties: colocation first, then fewer prefill workers."""
+        best, best_s = 0, self.coloc_s
+        if len(self.n_prefill):
+            ok = self.prefill_ok & self.kv_ok
+            if ok.any():
+                masked = np.where(ok, self.makespan_s, np.inf)
+                j = int(np.argmin(masked))
+                if masked[j] < best_s:
+                    best = 1 + j
+        return best
+
+
+@dataclass(frozen=True)
+class Decision:
+    target: Allocation
+    current: Allocation | None
+    table: CandidateTable = field(repr=False)
+    switched: bool
+    forced: bool
+    reason: str
+    predicted_makespan_s: float
+    best: Allocation
+    n_workers: int
+    batch: int
+
+    @cached_property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return self.table.all()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.target.mode.value,
+            "n_prefill": self.target.n_prefill,
+            "n_decode": self.target.n_decode,
+            "n_colocated": self.target.n_colocated,
+            "label": self.target.label,
+            "predicted_makespan_s": round(self.predicted_makespan_s, 4),
+            "best": self.best.label,
+            "current": None if self.current is None else self.current.label,
+            "switched": self.switched,
+            "forced": self.forced,
+            "reason": self.reason,
+            "n_workers": self.n_workers,
+            "batch": self.batch,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+def project(current: Allocation, n_workers: int, policy: _PolicyLike) -> Allocation:
+    """Map ``current`` onto a budget of ``n_workers`` keeping its mode and prefill fraction."""
+    if current.mode is Mode.COLOCATED or not policy.allow_disaggregation:
+        return Allocation.colocated(n_workers)
+    lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
+    if hi < lo:
+        return Allocation.colocated(n_workers)
+    if current.n_workers == n_workers:
+        return current
+    frac = current.n_prefill / current.n_workers
+    n_p = int(min(max(round(frac * n_workers), lo), hi))
+    return Allocation.disaggregated(n_p, n_workers - n_p)
+
+
+def evaluate_table(
+    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike
+) -> CandidateTable:
+    st = Stages.of(wl)
+    coloc = float(colocated_makespan(hw, st, wl, batch, np.array([n_workers], dtype=np.float64))[0])
+    lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
+    if policy.allow_disaggregation and hi >= lo:
+        n_p = np.arange(lo, hi + 1, dtype=np.int64)
+        res = disaggregated_makespan(hw, st, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
+                                     policy.max_prefill_utilization)
+        ms, pok, kok = res.makespan_s, res.prefill_ok, res.kv_ok
+    else:
+        n_p = np.zeros(0, dtype=np.int64)
+        ms, pok, kok = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens)
+
+
+def evaluate(
+    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike
+) -> tuple[Candidate, ...]:
+    """Every candidate allocation for ``n_workers`` with its prediction (colocation first)."""
+    return evaluate_table(n_workers, batch, hw, wl, policy).all()
+
+
+def decide(
+    n_workers: int,
+    batch: int,
+    hw: HardwareProfile,
+    wl: WorkloadProfile,
+    policy: _PolicyLike,
+    current: Allocation | None = None,
+) -> Decision:
+    """Choose the target allocation (see module docstring)."""
+    if n_workers < 1:
+        raise DecisionError(f"budget of {n_workers} workers: need at least 1 rollout worker to decide")
+    if batch < 1:
+        raise DecisionError(f"batch size {batch}: need at least 1 trajectory")
+    table = evaluate_table(n_workers, batch, hw, wl, policy)
+    best = table.candidate(table.best_index())
+
+    def done(target: Candidate, switched: bool, forced: bool, reason: str) -> Decision:
+        return Decision(
+            target.allocation, current, table, switched, forced, reason, target.makespan_s,
+            best.allocation, n_workers, batch,
+        )
+
+    if current is None:
+        return done(best, True, False, f"initial: {best.allocation.label} has the lowest predicted makespan "
+                                       f"({best.makespan_s:.1f} s)")
+    proj = project(current, n_workers, policy)
+    idx = table.index_of(proj)
+    cur = None if idx is None else table.candidate(idx)
+    if cur is None or not cur.feasible:
+        why = "not allowed by policy" if cur is None else cur.reason
+        return done(best, True, True, f"forced: current {proj.label} is infeasible ({why}); "
+                                      f"switching to {best.allocation.label}")
+    if best.allocation == cur.allocation:
+        changed = proj != current
+        return done(cur, changed, False, f"keep {cur.allocation.label}: already the best "
+                                         f"({cur.makespan_s:.1f} s)" + (" (rescaled to the new budget)" if changed else ""))
+    saving = (cur.makespan_s - best.makespan_s) / cur.makespan_s if cur.makespan_s > 0 else 0.0
+    mode_change = best.allocation.mode is not cur.allocation.mode
+    threshold = policy.mode_switch_threshold if mode_change else policy.ratio_switch_threshold
+    kind = "mode" if mode_change else "ratio"
+    if saving > threshold:
+        return done(best, True, False, f"switch {kind} {cur.allocation.label} -> {best.allocation.label}: "
+                                       f"predicted saving {saving:.1%} > {kind} threshold {threshold:.1%}")
+    changed = proj != current
+    return done(cur, changed, False, f"hold {cur.allocation.label}: {best.allocation.label} would save only "
+                                     f"{saving:.1%} <= {kind} threshold {threshold:.1%}")

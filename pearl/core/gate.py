@@ -1,0 +1,155 @@
+"""Cost-aware gates (paper Sec. 4.6 and 4.1.2): borrow training GPUs / accept an expansion only if
+the predicted saving exceeds the cost of the transition.
+
+Costs are estimated online by an exponential moving average of observed transitions (paper Sec. 5:
+"EMAs estimate switching costs"), seeded with priors from the config (paper Table 3)::
+
+    c <- c + alpha * (observed - c)       (NaN, infinite and negative observations are ignored)
+
+Borrow gate. Rollout currently predicts batch makespan ``M_0``; with the borrowed workers it would
+be ``M_1 < M_0``, i.e. it runs ``r = M_0 / M_1`` times faster. Training is idle for a window ``W``
+(until the next update needs its GPUs). Activation ``c_a`` and return ``c_d`` eat into the window,
+and borrowing is useless once the current batch's remaining work ``R`` (seconds at the current
+speed) is done::
+
+    T_useful = min(W - c_a - c_d, R / r)          seconds the borrowed workers actually serve
+    saving   = T_useful * (r - 1)                 rollout seconds saved (in current-speed seconds)
+    cost     = c_a + c_d                          handoff time (the return delays training)
+    admit  iff  T_useful > 0  and  saving > margin * cost
+
+Expansion gate. Preemptible GPUs expected to live ``T_life`` seconds; preparation (background:
+start, load) ``c_p`` does not block rollout, finalisation ``c_f`` (weight sync, admission, re-plan)
+does::
+
+    T_useful = T_life - c_p - c_f
+    saving   = T_useful * (r - 1)
+    cost     = c_f
+    admit  iff  T_useful > 0  and  saving > margin * cost
+
+With ``policy.gate_enabled = False`` both gates admit whenever ``r > 1`` (the "ungated toggle" of
+the paper's ablation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Protocol
+
+
+class CostKind(StrEnum):
+    ACTIVATION = "activation"
+    DEACTIVATION = "deactivation"
+    EXPANSION_PREP = "expansion_prep"
+    EXPANSION_FINAL = "expansion_final"
+
+
+class _GatePolicy(Protocol):
+    @property
+    def gate_enabled(self) -> bool: ...
+    @property
+    def gate_margin(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """EMA estimates (seconds) of transition costs; ``observe`` returns an updated copy."""
+
+    activation_s: float = 6.0
+    deactivation_s: float = 3.8
+    expansion_prep_s: float = 61.0
+    expansion_final_s: float = 14.0
+    alpha: float = 0.3
+    observations: int = 0
+
+    def observe(self, kind: CostKind | str, seconds: float) -> CostModel:
+        if not math.isfinite(seconds) or seconds < 0:
+            return self
+        field = f"{CostKind(kind).value}_s"
+        old = float(getattr(self, field))
+        return replace(self, **{field: old + self.alpha * (seconds - old)}, observations=self.observations + 1)
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "activation_s": round(self.activation_s, 3),
+            "deactivation_s": round(self.deactivation_s, 3),
+            "expansion_prep_s": round(self.expansion_prep_s, 3),
+            "expansion_final_s": round(self.expansion_final_s, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    admit: bool
+    saving_s: float
+    cost_s: float
+    useful_s: float
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "admit": self.admit,
+            "saving_s": round(self.saving_s, 3),
+            "cost_s": round(self.cost_s, 3),
+            "useful_s": round(self.useful_s, 3),
+            "reason": self.reason,
+        }
+
+
+def _speedup(makespan_now_s: float, makespan_with_s: float) -> float:
+    if not (math.isfinite(makespan_now_s) and math.isfinite(makespan_with_s)) or makespan_with_s <= 0:
+        return 1.0
+    return makespan_now_s / makespan_with_s
+
+
+def borrow_gate(
+    makespan_now_s: float,
+    makespan_with_s: float,
+    window_s: float,
+    remaining_s: float,
+    costs: CostModel,
+    policy: _GatePolicy,
+) -> GateDecision:
+    """Admit borrowing overlap GPUs for an idle training window (module docstring)."""
+    r = _speedup(makespan_now_s, makespan_with_s)
+    cost = costs.activation_s + costs.deactivation_s
+    useful = min(window_s - cost, max(remaining_s, 0.0) / r) if r > 0 else 0.0
+    saving = max(useful, 0.0) * (r - 1.0)
+    if r <= 1.0:
+        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})")
+    if not policy.gate_enabled:
+        return GateDecision(True, saving, cost, useful, f"gate disabled: borrow (r={r:.3f})")
+    if useful <= 0:
+        return GateDecision(False, 0.0, cost, useful,
+                            f"window {window_s:.1f} s too short for activation+return {cost:.1f} s")
+    admit = saving > policy.gate_margin * cost
+    cmp = ">" if admit else "<="
+    return GateDecision(admit, saving, cost, useful,
+                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f})")
+
+
+def expansion_gate(
+    makespan_now_s: float,
+    makespan_with_s: float,
+    expected_lifetime_s: float,
+    costs: CostModel,
+    policy: _GatePolicy,
+) -> GateDecision:
+    """Admit preparing an expansion onto newly granted preemptible GPUs (module docstring)."""
+    r = _speedup(makespan_now_s, makespan_with_s)
+    cost = costs.expansion_final_s
+    useful = expected_lifetime_s - costs.expansion_prep_s - costs.expansion_final_s
+    saving = max(useful, 0.0) * (r - 1.0)
+    if r <= 1.0:
+        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})")
+    if not policy.gate_enabled:
+        return GateDecision(True, saving, cost, useful, f"gate disabled: expand (r={r:.3f})")
+    if useful <= 0:
+        return GateDecision(False, 0.0, cost, useful,
+                            f"expected lifetime {expected_lifetime_s:.0f} s shorter than preparation + "
+                            f"finalisation {costs.expansion_prep_s + cost:.0f} s")
+    admit = saving > policy.gate_margin * cost
+    cmp = ">" if admit else "<="
+    return GateDecision(admit, saving, cost, useful,
+                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f})")

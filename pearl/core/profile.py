@@ -1,0 +1,456 @@
+"""Runtime profiles: what the decision engine knows about the hardware and the workload.
+
+Two frozen values feed the makespan models (``makespan.py``):
+
+``HardwareProfile`` — per-worker cost functions (one worker = ``tp`` GPUs):
+
+* prefill of ``x`` new tokens on top of ``c`` cached tokens (compute-bound)::
+
+      P(x, c) = a0 + a1 * x + a2 * x * (c + x / 2)
+
+  ``a1 = 2 * N_active / F`` (2 FLOPs per active parameter per token), ``a2 = 4 * n_layers *
+  n_heads * head_dim / F`` (QK^T and AV over the causal context), ``F = tp * peak * MFU``,
+  ``a0`` the per-iteration overhead.
+* one decode iteration of a batch of ``n`` sequences of mean context ``L`` (memory-bound)::
+
+      tau(n, L) = b0 + b_e * f_E(n) + b1 * n + b2 * n * L
+      f_E(n)    = 1 - (1 - k/E)^n        (fraction of routed experts touched by n tokens; 0 if dense)
+
+  ``b0 = W_dense / BW + overhead`` (non-expert weights read once per step), ``b_e = W_experts /
+  BW`` (MoE: a larger batch reads more experts), ``b1 = 2 * N_active / F`` (compute per token),
+  ``b2 = kv_bytes_per_token / BW`` (KV read), ``BW = tp * HBM * efficiency``.
+* KV transfer of ``t`` tokens from a prefill to a decode worker::
+
+      X(t) = g0 + g1 * t,  g1 = kv_bytes_per_token / interconnect_bandwidth
+
+* ``kv_capacity_tokens`` H_max: ``(tp * memory * utilisation - weights) / kv_bytes_per_token``.
+
+``WorkloadProfile`` — per-turn statistics of a rollout batch, index ``k = 1..K``:
+``survival[k]`` (fraction of trajectories that reach turn k: the tail that makes the batch
+makespan a *last-trajectory* time), ``new_tokens[k]`` (prompt tokens not in the prefix cache),
+``cached_tokens[k]``, ``output_tokens[k]``, ``env_s[k]`` (environment time after the turn), and
+``k_seq`` (per-trajectory KV footprint K_seq of the paper's memory constraint). Modelling choice:
+K_seq is the *mean* final context of a trajectory, not a high quantile — the decode pool holds the
+whole batch's contexts at once, so the sum over the batch (B * mean) is what must fit; a quantile
+would count every trajectory as the longest one.
+
+Fitting (``fit_hardware`` / ``fit_workload``) from ``TelemetryRecord`` s. Modelling choice (the
+paper does not specify the estimator): the *shape* of each cost function comes from first
+principles above and telemetry calibrates its *scale*, robustly:
+
+* prefill and transfer: one scale each, the median of observed / predicted (immune to outliers);
+* decode: two scales (fixed per-step part, per-sequence part) by least squares on the per-token
+  decode time ``decode_s / output_tokens = s_f * (b0 + b_e f_E(n)) + s_v * (b1 n + b2 n L)``
+  after dropping records outside 5x the median ratio; a singular or negative solution falls back
+  to one median scale;
+* the new fit is blended with the previous profile by an EMA of weight ``alpha`` (the workload is
+  not assumed stationary, paper Sec. 5); records with NaN, infinite or negative values are
+  ignored; an empty window returns the previous profile unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from statistics import median
+from typing import Protocol
+
+
+class _ModelLike(Protocol):
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def total_params_b(self) -> float: ...
+    @property
+    def active_params_b(self) -> float: ...
+    @property
+    def n_experts(self) -> int: ...
+    @property
+    def experts_per_token(self) -> int: ...
+    @property
+    def expert_params_b(self) -> float: ...
+    @property
+    def dtype_bytes(self) -> int: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+
+class _HardwareLike(Protocol):
+    @property
+    def memory_gb(self) -> float: ...
+    @property
+    def hbm_bandwidth_tbs(self) -> float: ...
+    @property
+    def bf16_tflops(self) -> float: ...
+    @property
+    def interconnect_gbs(self) -> float: ...
+    @property
+    def interconnect_latency_s(self) -> float: ...
+    @property
+    def memory_utilization(self) -> float: ...
+    @property
+    def prefill_mfu(self) -> float: ...
+    @property
+    def decode_bw_efficiency(self) -> float: ...
+    @property
+    def step_overhead_s(self) -> float: ...
+
+
+class _DistLike(Protocol):
+    @property
+    def mean(self) -> float: ...
+    @property
+    def cv(self) -> float: ...
+    @property
+    def min(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+
+
+class _WorkloadLike(Protocol):
+    @property
+    def max_trajectory_tokens(self) -> int: ...
+    @property
+    def turns(self) -> _DistLike: ...
+    @property
+    def system_prompt_tokens(self) -> int: ...
+    @property
+    def observation_tokens(self) -> _DistLike: ...
+    @property
+    def response_tokens(self) -> _DistLike: ...
+    @property
+    def env_step_s(self) -> _DistLike: ...
+    @property
+    def prefix_cache_hit(self) -> float: ...
+
+
+class ProfileError(ValueError):
+    """A profile could not be built (e.g. a hardware that cannot hold the model's weights)."""
+
+
+# ----------------------------------------------------------------------------------- telemetry
+@dataclass(frozen=True, slots=True)
+class TelemetryRecord:
+    """One request (one turn of one trajectory) as measured by the engine and the pipeline."""
+
+    traj_id: str
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    transfer_s: float = 0.0
+    decode_s: float = 0.0
+    env_s: float = 0.0
+    decode_concurrency: float = 1.0
+    mode: str = "colocated"
+    worker_id: str = ""
+    final: bool = False  # the trajectory ended after this turn
+
+    def valid(self) -> bool:
+        nums = (self.queue_s, self.prefill_s, self.transfer_s, self.decode_s, self.env_s, self.decode_concurrency)
+        if any(not math.isfinite(v) or v < 0 for v in nums):
+            return False
+        return self.prompt_tokens >= 0 and 0 <= self.cached_tokens <= self.prompt_tokens and self.output_tokens >= 0
+
+
+# ------------------------------------------------------------------------------------ hardware
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """Per-worker cost coefficients (see module docstring for the formulas)."""
+
+    a0: float
+    a1: float
+    a2: float
+    b0: float
+    b_e: float
+    b1: float
+    b2: float
+    g0: float
+    g1: float
+    experts_frac: float  # k / E (0 for dense models)
+    kv_capacity_tokens: float  # H_max
+    samples: int = 0  # telemetry records the fit has seen
+
+    @staticmethod
+    def from_specs(model: _ModelLike, hw: _HardwareLike, tp_size: int = 1) -> HardwareProfile:
+        flops = tp_size * hw.bf16_tflops * 1e12 * hw.prefill_mfu
+        bw = tp_size * hw.hbm_bandwidth_tbs * 1e12 * hw.decode_bw_efficiency
+        total_w = model.total_params_b * 1e9 * model.dtype_bytes
+        expert_w = model.expert_params_b * 1e9 * model.dtype_bytes if model.n_experts else 0.0
+        dense_w = total_w - expert_w
+        kvb = model.kv_bytes_per_token
+        mem = tp_size * hw.memory_gb * 1e9 * hw.memory_utilization
+        if mem <= total_w:
+            raise ProfileError(
+                f"weights ({total_w / 1e9:.1f} GB) do not fit in {tp_size} x {hw.memory_gb} GB x "
+                f"{hw.memory_utilization} usable memory"
+            )
+        return HardwareProfile(
+            a0=hw.step_overhead_s,
+            a1=2.0 * model.active_params_b * 1e9 / flops,
+            a2=4.0 * model.n_layers * model.n_heads * model.head_dim / flops,
+            b0=dense_w / bw + hw.step_overhead_s,
+            b_e=expert_w / bw,
+            b1=2.0 * model.active_params_b * 1e9 / flops,
+            b2=kvb / bw,
+            g0=hw.interconnect_latency_s,
+            g1=kvb / (hw.interconnect_gbs * 1e9),
+            experts_frac=(model.experts_per_token / model.n_experts) if model.n_experts else 0.0,
+            kv_capacity_tokens=(mem - total_w) / kvb,
+        )
+
+    # cost functions ------------------------------------------------------------------------
+    def prefill_s(self, new_tokens: float, cached_tokens: float) -> float:
+        """P(x, c) = a0 + a1 x + a2 x (c + x/2)."""
+        x = max(new_tokens, 0.0)
+        return self.a0 + self.a1 * x + self.a2 * x * (max(cached_tokens, 0.0) + x / 2.0)
+
+    def experts_touched(self, batch: float) -> float:
+        """f_E(n) = 1 - (1 - k/E)^n; 0 for dense models."""
+        if self.experts_frac <= 0.0:
+            return 0.0
+        return 1.0 - math.pow(1.0 - self.experts_frac, max(batch, 0.0))
+
+    def decode_fixed_s(self, batch: float) -> float:
+        return self.b0 + self.b_e * self.experts_touched(batch)
+
+    def decode_var_s(self, batch: float, context: float) -> float:
+        return self.b1 * batch + self.b2 * batch * context
+
+    def decode_step_s(self, batch: float, context: float) -> float:
+        """tau(n, L) = b0 + b_e f_E(n) + b1 n + b2 n L."""
+        return self.decode_fixed_s(batch) + self.decode_var_s(batch, context)
+
+    def transfer_s(self, tokens: float) -> float:
+        """X(t) = g0 + g1 t."""
+        return self.g0 + self.g1 * max(tokens, 0.0)
+
+
+def _robust_scale(observed: Sequence[float], predicted: Sequence[float]) -> float | None:
+    ratios = [o / p for o, p in zip(observed, predicted, strict=True) if p > 0 and o > 0]
+    if not ratios:
+        return None
+    return median(ratios)
+
+
+def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> HardwareProfile:
+    """Calibrate ``prior``'s scales on telemetry (module docstring); EMA-blend with weight ``alpha``."""
+    recs = [r for r in records if r.valid()]
+    if not recs:
+        return prior
+    out = prior
+    # prefill: one robust scale on (a0, a1, a2)
+    pre = [r for r in recs if r.prefill_s > 0 and r.prompt_tokens > r.cached_tokens]
+    s = _robust_scale(
+        [r.prefill_s for r in pre], [prior.prefill_s(r.prompt_tokens - r.cached_tokens, r.cached_tokens) for r in pre]
+    )
+    if s is not None:
+        k = 1.0 + alpha * (s - 1.0)
+        out = replace(out, a0=out.a0 * k, a1=out.a1 * k, a2=out.a2 * k)
+    # transfer: one robust scale on (g0, g1)
+    tr = [r for r in recs if r.transfer_s > 0 and r.mode == "disaggregated"]
+    s = _robust_scale([r.transfer_s for r in tr], [prior.transfer_s(r.prompt_tokens) for r in tr])
+    if s is not None:
+        k = 1.0 + alpha * (s - 1.0)
+        out = replace(out, g0=out.g0 * k, g1=out.g1 * k)
+    # decode: two scales (fixed per step, per sequence) by least squares
+    dec = [r for r in recs if r.decode_s > 0 and r.output_tokens > 0]
+    if dec:
+        ys = [r.decode_s / r.output_tokens for r in dec]
+        n = [max(r.decode_concurrency, 1.0) for r in dec]
+        ctx = [r.prompt_tokens + r.output_tokens / 2.0 for r in dec]
+        xf = [prior.decode_fixed_s(ni) for ni in n]
+        xv = [prior.decode_var_s(ni, ci) for ni, ci in zip(n, ctx, strict=True)]
+        ratio = [y / (f + v) for y, f, v in zip(ys, xf, xv, strict=True)]
+        med = median(ratio)
+        keep = [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0]
+        sf, sv = _lsq2([xf[i] for i in keep], [xv[i] for i in keep], [ys[i] for i in keep])
+        if sf is None or sv is None:
+            sf = sv = med
+        kf = 1.0 + alpha * (sf - 1.0)
+        kv = 1.0 + alpha * (sv - 1.0)
+        out = replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv)
+    return replace(out, samples=prior.samples + len(recs))
+
+
+def _lsq2(x1: Sequence[float], x2: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
+    """Least squares y ~ s1 x1 + s2 x2 (no intercept); (None, None) if singular or non-positive."""
+    s11 = sum(a * a for a in x1)
+    s22 = sum(b * b for b in x2)
+    s12 = sum(a * b for a, b in zip(x1, x2, strict=True))
+    s1y = sum(a * c for a, c in zip(x1, y, strict=True))
+    s2y = sum(b * c for b, c in zip(x2, y, strict=True))
+    det = s11 * s22 - s12 * s12
+    if len(y) < 3 or det <= 1e-12 * max(s11 * s22, 1e-300):
+        return None, None
+    a = (s1y * s22 - s2y * s12) / det
+    b = (s2y * s11 - s1y * s12) / det
+    if a <= 0 or b <= 0:
+        return None, None
+    return a, b
+
+
+# ------------------------------------------------------------------------------------ workload
+@dataclass(frozen=True, slots=True)
+class WorkloadProfile:
+    """Per-turn statistics of a rollout batch (index 0 = turn 1). See module docstring."""
+
+    survival: tuple[float, ...]
+    new_tokens: tuple[float, ...]
+    cached_tokens: tuple[float, ...]
+    output_tokens: tuple[float, ...]
+    env_s: tuple[float, ...]
+    k_seq: float
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.survival)
+        lens = {len(self.new_tokens), len(self.cached_tokens), len(self.output_tokens), len(self.env_s)}
+        if n == 0 or lens != {n}:
+            raise ProfileError(f"workload profile arrays must be non-empty and equally long, got {n} and {lens}")
+
+    @property
+    def max_turns(self) -> int:
+        return len(self.survival)
+
+    @property
+    def mean_turns(self) -> float:
+        return sum(self.survival)
+
+    @staticmethod
+    def from_spec(w: _WorkloadLike) -> WorkloadProfile:
+        """The prior before any telemetry, derived from the workload distributions.
+
+        Turns ~ lognormal(mean, cv) clipped to [min, max]; survival S(k) = P(turns >= k). Context
+        at turn k: ``ctx_k = sys + (k - 1) * (o + obs)``; turns stop once ``ctx_k + o`` would
+        exceed the trajectory limit. Prompt tokens ``ctx_k``; cached ``h * (ctx_k - obs)`` for
+        k > 1 (prefix-cache hit ratio h; turn 1 is uncached); output ``o``; env ``e``.
+        """
+        o = _clipped_mean(w.response_tokens)
+        obs = _clipped_mean(w.observation_tokens)
+        e = _clipped_mean(w.env_step_s)
+        limit = float(w.max_trajectory_tokens)
+        kmax_len = max(1, int((limit - w.system_prompt_tokens - o) // (o + obs)) + 1)
+        kmax = max(1, min(int(w.turns.max), kmax_len))
+        surv, new, cached, out, env = [], [], [], [], []
+        for k in range(1, kmax + 1):
+            s = _survival(w.turns, k)
+            if s <= 1e-4:
+                break
+            ctx = w.system_prompt_tokens + (k - 1) * (o + obs)
+            c = 0.0 if k == 1 else w.prefix_cache_hit * (ctx - obs)
+            surv.append(s)
+            new.append(ctx - c)
+            cached.append(c)
+            out.append(o)
+            env.append(e)
+        # K_seq: expected final context of a trajectory, E[ctx at its last turn] + o
+        kseq = min(limit, w.system_prompt_tokens + sum(surv) * (o + obs))
+        return WorkloadProfile(tuple(surv), tuple(new), tuple(cached), tuple(out), tuple(env), kseq)
+
+
+def _lognormal_params(d: _DistLike) -> tuple[float, float]:
+    s2 = math.log(1.0 + d.cv * d.cv)
+    return math.log(d.mean) - s2 / 2.0, math.sqrt(s2)
+
+
+def _survival(d: _DistLike, k: int) -> float:
+    """P(X >= k) for X ~ lognormal(mean, cv) clipped to [min, max] (cv = 0: a constant)."""
+    if k <= d.min:
+        return 1.0
+    if k > d.max:
+        return 0.0
+    if d.cv == 0:
+        return 1.0 if d.mean >= k else 0.0
+    mu, sigma = _lognormal_params(d)
+    z = (math.log(k - 0.5) - mu) / sigma  # continuity correction: turns are integers
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _clipped_mean(d: _DistLike, n: int = 64) -> float:
+    """Mean of the clipped lognormal by quadrature over n quantiles (deterministic)."""
+    if d.cv == 0:
+        return min(max(d.mean, d.min), d.max)
+    mu, sigma = _lognormal_params(d)
+    total = 0.0
+    for i in range(n):
+        p = (i + 0.5) / n
+        x = math.exp(mu + sigma * _norm_ppf(p))
+        total += min(max(x, d.min), d.max)
+    return total / n
+
+
+def _norm_ppf(p: float) -> float:
+    """Inverse standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+         -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+         -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+         4.374664141464968e00, 2.938163982698783e00)
+    dd = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+    lo = 0.02425
+    if p < lo:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / (
+            (((dd[0] * q + dd[1]) * q + dd[2]) * q + dd[3]) * q + 1)
+    if p > 1 - lo:
+        return -_norm_ppf(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
+        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> WorkloadProfile:
+    """EMA-blend per-turn statistics observed in ``records`` into ``prior``.
+
+    Survival is estimated from trajectories that ended (a record with ``final=True`` gives the
+    trajectory's number of turns); per-turn token and env means use the median of each turn's
+    records (robust to outliers). Turns never observed keep the prior's values; an empty or
+    invalid window returns ``prior`` unchanged.
+    """
+    recs = [r for r in records if r.valid() and r.turn >= 1]
+    if not recs:
+        return prior
+    by_turn: dict[int, list[TelemetryRecord]] = defaultdict(list)
+    for r in recs:
+        by_turn[r.turn].append(r)
+    final_turns = [r.turn for r in recs if r.final]
+    kmax = max(prior.max_turns, max(by_turn), max(final_turns, default=0))
+
+    def ext(xs: tuple[float, ...]) -> list[float]:
+        return list(xs) + [xs[-1]] * (kmax - len(xs))
+
+    surv = ext(prior.survival)
+    if len(prior.survival) < kmax:
+        surv[len(prior.survival):] = [0.0] * (kmax - len(prior.survival))
+    new, cached, out, env = ext(prior.new_tokens), ext(prior.cached_tokens), ext(prior.output_tokens), ext(prior.env_s)
+    for k, rs in by_turn.items():
+        i = k - 1
+        new[i] += alpha * (median([r.prompt_tokens - r.cached_tokens for r in rs]) - new[i])
+        cached[i] += alpha * (median([r.cached_tokens for r in rs]) - cached[i])
+        out[i] += alpha * (median([r.output_tokens for r in rs]) - out[i])
+        env[i] += alpha * (median([r.env_s for r in rs]) - env[i])
+    kseq = prior.k_seq
+    if final_turns:
+        n = len(final_turns)
+        obs_surv = [sum(1 for t in final_turns if t >= k) / n for k in range(1, kmax + 1)]
+        surv = [s + alpha * (o - s) for s, o in zip(surv, obs_surv, strict=True)]
+        ends = [r.prompt_tokens + r.output_tokens for r in recs if r.final]
+        kseq += alpha * (sum(ends) / len(ends) - kseq)
+    # trim the tail where no trajectory survives
+    last = max((i for i, s in enumerate(surv) if s > 1e-4), default=0)
+    sl = slice(0, last + 1)
+    return WorkloadProfile(
+        tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
+        samples=prior.samples + len(recs),
+    )

@@ -1,0 +1,75 @@
+"""Resumable requests: an aborted request keeps its output and continues elsewhere.
+
+When a request is aborted (reclaim, role change, weight update, dead server) the engine returns
+(or the error carries) a partial ``GenerateResult``. The caller keeps those tokens and logprobs and
+sends a *continuation*: the original prompt followed by every token generated so far, with the
+remaining budget ``max_new_tokens - generated``. The new worker pays one extra prefill of
+``len(prompt) + generated`` tokens (mostly a prefix-cache miss) and nothing is generated twice.
+
+The trajectory records one seamless response made of parts; each part keeps the weight version
+that produced it (``merge_parts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pearl.core.trajectory import Segment
+from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
+
+
+def generated_tokens(parts: Sequence[GenerateResult]) -> list[int]:
+    return [t for p in parts for t in p.output_ids]
+
+
+def is_finished(original: GenerateRequest, parts: Sequence[GenerateResult]) -> bool:
+    """True when the last part ended normally or the token budget is used up."""
+    if not parts:
+        return False
+    if parts[-1].finish_reason is not FinishReason.ABORT:
+        return True
+    return len(generated_tokens(parts)) >= original.sampling.max_new_tokens
+
+
+def continuation_request(
+    original: GenerateRequest, parts: Sequence[GenerateResult], attempt: int
+) -> GenerateRequest | None:
+    """The request that resumes ``original`` after the partial ``parts``; None if nothing remains.
+
+    ``input_ids' = input_ids + generated``, ``max_new_tokens' = max_new_tokens - len(generated)``;
+    the request id gets an ``#attempt`` suffix so the engine never confuses the two attempts.
+    """
+    if is_finished(original, parts):
+        return None
+    done = generated_tokens(parts)
+    remaining = original.sampling.max_new_tokens - len(done)
+    return GenerateRequest(
+        rid=f"{original.rid.split('#')[0]}#{attempt}",
+        input_ids=original.input_ids + tuple(done),
+        sampling=replace(original.sampling, max_new_tokens=remaining),
+        return_logprobs=original.return_logprobs,
+    )
+
+
+def final_finish_reason(original: GenerateRequest, parts: Sequence[GenerateResult]) -> FinishReason:
+    if not parts:
+        return FinishReason.ABORT
+    last = parts[-1].finish_reason
+    if last is FinishReason.ABORT and len(generated_tokens(parts)) >= original.sampling.max_new_tokens:
+        return FinishReason.LENGTH
+    return last
+
+
+def merge_parts(parts: Sequence[GenerateResult], turn: int = 0) -> list[Segment]:
+    """One trained ``Segment`` per non-empty part, each with its own weight version."""
+    segs: list[Segment] = []
+    for p in parts:
+        if not p.output_ids:
+            continue
+        lps = p.logprobs if len(p.logprobs) == len(p.output_ids) else tuple([0.0] * len(p.output_ids))
+        segs.append(
+            Segment(token_ids=tuple(p.output_ids), trained=True, logprobs=tuple(lps), weight_version=p.weight_version,
+                    turn=turn)
+        )
+    return segs

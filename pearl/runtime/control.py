@@ -1,0 +1,81 @@
+"""The controller's face to the outside: what the admin API (and tests) may ask of a running PEARL.
+
+``pearl.runtime.controller.Controller`` implements ``ControlPlane``; ``pearl.admin`` only sees this
+Protocol, so the admin API can be tested against any implementation and never reaches into the
+schedulers.
+
+``submit`` is idempotent on ``event.event_id``: a repeated id returns ``SubmitResult(applied=False,
+duplicate=True)`` and changes nothing. Unknown GPUs / instances raise ``UnknownResourceError``
+(the admin API maps it to 404); other invalid requests raise ``ValueError`` with a message naming
+the field (-> 422).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pearl.core.events import ElasticEvent
+
+
+class UnknownResourceError(LookupError):
+    """A GPU, instance or notice id the controller does not know."""
+
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"unknown {kind} {ident!r}")
+        self.kind = kind
+        self.ident = ident
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    applied: bool
+    duplicate: bool = False
+    event_id: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Rollout progress for dashboards; every field is JSON-serialisable."""
+
+    rollout_step: int = 0
+    train_step: int = 0
+    weight_version: int = 0
+    trajectories_completed: int = 0
+    trajectories_in_flight: int = 0
+    trajectories_interrupted: int = 0
+    trajectories_lost: int = 0
+    tokens_generated: int = 0
+    throughput_traj_per_h: float = 0.0
+    uptime_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ControlPlane(Protocol):
+    async def submit(self, event: ElasticEvent) -> SubmitResult:
+        """Queue an elastic event (grant / reclaim / cancel / training started / finished)."""
+        ...
+
+    def instance_gpus(self, instance_id: str) -> tuple[str, ...]:
+        """GPU ids registered with a cloud instance (raises UnknownResourceError)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The GPU-worker-role table (``ClusterState.to_dict()`` shape)."""
+        ...
+
+    def decision_dict(self) -> dict[str, Any] | None:
+        """The current decision with every candidate's predicted makespan (None before the first)."""
+        ...
+
+    def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Recent decisions, plans and applied events, newest last."""
+        ...
+
+    def progress(self) -> Progress: ...
+
+    def config_dict(self) -> dict[str, Any]:
+        """The effective config, secrets redacted."""
+        ...

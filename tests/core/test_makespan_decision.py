@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pearl.config import PolicySpec, RunConfig
+from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, project
+from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.profile import HardwareProfile, WorkloadProfile
+
+Prof = tuple[HardwareProfile, WorkloadProfile]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 24), st.sampled_from([16, 32, 64, 128]))
+def test_more_workers_never_hurt(prof30b: Prof, n: int, batch: int) -> None:
+    """Backs the decision engine's choice to enumerate only N_P + N_D = N."""
+    hw, wl = prof30b
+    s = Stages.of(wl)
+    co = colocated_makespan(hw, s, wl, batch, np.array([n, n + 1], dtype=float))
+    assert co[1] <= co[0] * (1 + 1e-9)
+    n_p = np.arange(1, n, dtype=float)
+    base = disaggregated_makespan(hw, s, wl, batch, n_p, n - n_p, 0.95).makespan_s
+    more_p = disaggregated_makespan(hw, s, wl, batch, n_p + 1, n - n_p, 0.95).makespan_s
+    more_d = disaggregated_makespan(hw, s, wl, batch, n_p, n - n_p + 1, 0.95).makespan_s
+    assert np.all(more_p <= base * (1 + 1e-6)) and np.all(more_d <= base * (1 + 1e-6))
+
+
+def test_environment_time_and_batch_raise_makespan(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    s = Stages.of(wl)
+    slow_env = replace(wl, env_s=tuple(e * 3 for e in wl.env_s))
+    a = colocated_makespan(hw, s, wl, 64, np.array([8.0]))[0]
+    b = colocated_makespan(hw, Stages.of(slow_env), slow_env, 64, np.array([8.0]))[0]
+    c = colocated_makespan(hw, s, wl, 128, np.array([8.0]))[0]
+    assert b > a and c > a
+
+
+def test_kv_constraint_marks_splits_infeasible(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    batch = 256
+    cands = {c.allocation.label: c for c in evaluate(8, batch, hw, wl, PolicySpec())}
+    assert len(cands) == 8  # coloc + 1P7D..7P1D
+    assert cands["coloc"].feasible  # colocation only queues when KV overflows
+    for n_d in range(1, 8):
+        c = cands[f"{8 - n_d}P{n_d}D"]
+        kv_ok = batch * wl.k_seq <= n_d * hw.kv_capacity_tokens
+        assert ("KV memory" in c.reason) == (not kv_ok)
+    assert not cands["4P4D"].feasible
+
+
+def test_sec33_trend_ratio_moves_toward_prefill(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    pol = PolicySpec()
+    small = min((c for c in evaluate(8, 16, hw, wl, pol)[1:] if c.feasible), key=lambda c: c.makespan_s)
+    large = min((c for c in evaluate(8, 64, hw, wl, pol)[1:] if c.feasible), key=lambda c: c.makespan_s)
+    assert large.allocation.n_prefill >= small.allocation.n_prefill
+
+
+def test_initial_decision_takes_the_minimum(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    d = decide(8, 64, hw, wl, PolicySpec())
+    feasible = [c for c in d.candidates if c.feasible]
+    assert d.predicted_makespan_s == min(c.makespan_s for c in feasible)
+    assert d.switched and not d.forced and d.reason.startswith("initial")
+    assert d.to_dict()["candidates"][0]["label"] == "coloc"
+
+
+def test_hysteresis_is_mode_dependent(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    cands = {c.allocation.label: c for c in evaluate(8, 64, hw, wl, PolicySpec())}
+    best = min((c for c in cands.values() if c.feasible), key=lambda c: c.makespan_s)
+    assert best.allocation.mode is Mode.DISAGGREGATED
+    saving = 1 - best.makespan_s / cands["coloc"].makespan_s
+    # a mode threshold just above the saving holds colocation; just below switches
+    hold = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving + 0.001, ratio_switch_threshold=0.0),
+                  Allocation.colocated(8))
+    assert hold.target.label == "coloc" and not hold.switched and "hold" in hold.reason
+    go = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving - 0.001, ratio_switch_threshold=0.0),
+                Allocation.colocated(8))
+    assert go.target == best.allocation and go.switched and "switch mode" in go.reason
+    # a ratio change uses the smaller ratio threshold
+    other = [c for c in cands.values() if c.feasible and c.allocation.mode is Mode.DISAGGREGATED
+             and c.allocation != best.allocation]
+    near = min(other, key=lambda c: c.makespan_s)
+    r_saving = 1 - best.makespan_s / near.makespan_s
+    pol = PolicySpec(mode_switch_threshold=0.5, ratio_switch_threshold=max(r_saving - 0.001, 0.0))
+    moved = decide(8, 64, hw, wl, pol, near.allocation)
+    assert moved.target == best.allocation and "switch ratio" in moved.reason
+
+
+def test_forced_switch_when_current_becomes_infeasible(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    d = decide(8, 96, hw, wl, PolicySpec(mode_switch_threshold=0.9, ratio_switch_threshold=0.9),
+               Allocation.disaggregated(4, 4))
+    assert d.forced and d.target != Allocation.disaggregated(4, 4) and "infeasible" in d.reason
+
+
+def test_budget_change_projects_the_current_ratio() -> None:
+    pol = PolicySpec()
+    assert project(Allocation.disaggregated(4, 4), 12, pol) == Allocation.disaggregated(6, 6)
+    assert project(Allocation.disaggregated(1, 3), 2, pol) == Allocation.disaggregated(1, 1)
+    assert project(Allocation.disaggregated(1, 1), 1, pol) == Allocation.colocated(1)
+    assert project(Allocation.colocated(4), 9, pol) == Allocation.colocated(9)
+
+
+def test_bad_budgets_and_allocations_are_clear_errors(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    with pytest.raises(DecisionError, match="at least 1 rollout worker"):
+        decide(0, 64, hw, wl, PolicySpec())
+    with pytest.raises(DecisionError, match="at least 1 trajectory"):
+        decide(4, 0, hw, wl, PolicySpec())
+    with pytest.raises(DecisionError, match="cannot parse allocation"):
+        Allocation.parse("three", 4)
+    with pytest.raises(DecisionError, match=">= 1 prefill and >= 1 decode"):
+        Allocation.parse("0:4", 4)
+    assert Allocation.parse("4P4D", 8) == Allocation.parse("4:4", 8) == Allocation.disaggregated(4, 4)
+
+
+def test_one_worker_and_disaggregation_off(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    d = decide(1, 8, hw, wl, PolicySpec())
+    assert d.target == Allocation.colocated(1) and len(d.candidates) == 1
+    d2 = decide(8, 64, hw, wl, PolicySpec(allow_disaggregation=False))
+    assert d2.target == Allocation.colocated(8) and len(d2.candidates) == 1
+
+
+def test_large_budget_is_handled(cfg30b: RunConfig, prof30b: Prof) -> None:
+    hw, wl = prof30b
+    d = decide(2048, 64, hw, wl, cfg30b.policy)
+    assert len(d.candidates) == 2048 and d.target.n_workers == 2048

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from pearl.config import RunConfig
+from pearl.core.profile import (
+    HardwareProfile,
+    ProfileError,
+    TelemetryRecord,
+    WorkloadProfile,
+    fit_hardware,
+    fit_workload,
+)
+
+
+def test_first_principles_coefficients(cfg8b: RunConfig, cfg30b: RunConfig) -> None:
+    assert cfg8b.model.kv_bytes_per_token == 144 * 1024
+    assert cfg30b.model.kv_bytes_per_token == 96 * 1024
+    hw = HardwareProfile.from_specs(cfg8b.model, cfg8b.hardware, 1)
+    # a1 = 2 * 8.2e9 / (790e12 * 0.45)
+    assert hw.a1 == pytest.approx(2 * 8.2e9 / (790e12 * 0.45))
+    # b2 = 147456 B / (4.8e12 * 0.7) per token of context per sequence
+    assert hw.b2 == pytest.approx(147456 / (4.8e12 * 0.7))
+    # H_max = (141e9 * 0.9 - 16.4e9) / 147456
+    assert hw.kv_capacity_tokens == pytest.approx((141e9 * 0.9 - 16.4e9) / 147456)
+    assert hw.experts_touched(64) == 0.0
+    moe = HardwareProfile.from_specs(cfg30b.model, cfg30b.hardware, 1)
+    assert moe.experts_touched(1) == pytest.approx(8 / 128)
+    assert moe.experts_touched(1) < moe.experts_touched(8) < moe.experts_touched(64) < 1.0
+    # decode per step grows with batch and context; per token it falls with batch
+    assert moe.decode_step_s(1, 1000) < moe.decode_step_s(8, 1000) < moe.decode_step_s(8, 20000)
+    assert moe.decode_step_s(64, 1000) / 64 < moe.decode_step_s(8, 1000) / 8
+
+
+def test_model_that_does_not_fit_is_refused(cfg30b: RunConfig) -> None:
+    small = cfg30b.hardware.model_copy(update={"memory_gb": 40.0})
+    with pytest.raises(ProfileError, match="do not fit"):
+        HardwareProfile.from_specs(cfg30b.model, small, 1)
+    HardwareProfile.from_specs(cfg30b.model, small, 2)  # tensor parallel spreads the weights
+
+
+def test_workload_prior_is_consistent(cfg8b: RunConfig) -> None:
+    wl = WorkloadProfile.from_spec(cfg8b.workload)
+    assert wl.survival[0] == 1.0
+    assert all(a >= b for a, b in zip(wl.survival, wl.survival[1:], strict=False))
+    assert 15 < wl.mean_turns < 30
+    assert wl.k_seq <= cfg8b.workload.max_trajectory_tokens
+    # context grows with turns; turn 1 has no cache
+    ctx = [n + c for n, c in zip(wl.new_tokens, wl.cached_tokens, strict=True)]
+    assert ctx == sorted(ctx) and wl.cached_tokens[0] == 0
+    # the length limit truncates the number of turns
+    short = WorkloadProfile.from_spec(cfg8b.workload.model_copy(update={"max_trajectory_tokens": 8192}))
+    assert short.max_turns < wl.max_turns
+
+
+def synthetic(hw: HardwareProfile, scale_p: float, scale_f: float, scale_v: float, n: int) -> list[TelemetryRecord]:
+    out = []
+    for i in range(n):
+        prompt, cached, outp, conc = 2000 + 700 * i, 500 * i, 200 + 13 * i, 1 + (i % 16)
+        pre = scale_p * hw.prefill_s(prompt - cached, cached)
+        ctx = prompt + outp / 2
+        dec = outp * (scale_f * hw.decode_fixed_s(conc) + scale_v * hw.decode_var_s(conc, ctx))
+        out.append(TelemetryRecord(f"t{i}", 1 + i % 5, prompt, cached, outp, prefill_s=pre, decode_s=dec,
+                                   decode_concurrency=conc, env_s=2.0))
+    return out
+
+
+def test_fit_recovers_known_scales(prof30b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    hw, _ = prof30b
+    fit = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=1.0)
+    assert fit.a1 / hw.a1 == pytest.approx(1.7, rel=1e-6)
+    assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)
+    assert fit.b2 / hw.b2 == pytest.approx(2.5, rel=1e-6)
+    half = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
+    assert half.a1 / hw.a1 == pytest.approx(1.35, rel=1e-6)
+
+
+def test_fit_is_robust_to_outliers_and_bad_records(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    hw, _ = prof8b
+    recs = synthetic(hw, 2.0, 2.0, 2.0, 30)
+    bad = [replace(recs[0], prefill_s=recs[0].prefill_s * 1000, decode_s=recs[0].decode_s * 1000),
+           replace(recs[1], decode_s=math.nan), replace(recs[2], prefill_s=-1.0),
+           replace(recs[3], cached_tokens=recs[3].prompt_tokens + 1)]
+    fit = fit_hardware(hw, recs[4:] + bad, alpha=1.0)
+    assert fit.a1 / hw.a1 == pytest.approx(2.0, rel=0.01)
+    assert fit.b0 / hw.b0 == pytest.approx(2.0, rel=0.01)
+    assert all(math.isfinite(v) and v > 0 for v in (fit.a0, fit.a1, fit.b0, fit.b1, fit.b2))
+
+
+def test_empty_or_invalid_window_returns_the_prior(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    hw, wl = prof8b
+    assert fit_hardware(hw, []) is hw
+    assert fit_workload(wl, []) is wl
+    nan = TelemetryRecord("t", 1, 10, 0, 5, decode_s=math.nan)
+    assert fit_hardware(hw, [nan]) is hw
+    assert fit_workload(wl, [nan]) is wl
+
+
+def test_fit_workload_learns_turns_and_tokens(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    _, wl = prof8b
+    recs = []
+    for t in range(10):
+        turns = 5 if t < 5 else 10
+        for k in range(1, turns + 1):
+            recs.append(TelemetryRecord(f"t{t}", k, 1000 * k, 800 * (k - 1), 100, env_s=1.0, final=k == turns))
+    fit = fit_workload(wl, recs, alpha=1.0)
+    assert fit.max_turns == 10
+    assert fit.survival[4] == 1.0 and fit.survival[5] == 0.5
+    assert fit.output_tokens[0] == 100 and fit.env_s[3] == 1.0
+    assert fit.k_seq == pytest.approx((5 * (5 * 1000 + 100) + 5 * (10 * 1000 + 100)) / 10)
