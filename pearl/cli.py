@@ -146,7 +146,7 @@ def parse_target(data: Any, n_default: int) -> tuple[Allocation, list[str] | Non
             return Allocation.colocated(int(data.get("n_colocated", n_default))), gpus, tp
         if mode == "disaggregated":
             return Allocation.disaggregated(int(data["n_prefill"]), int(data["n_decode"])), gpus, tp
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise CliError(f"target: {e}") from None
     raise CliError("target needs 'allocation' (e.g. \"2P2D\" or \"coloc\") or 'mode' colocated|disaggregated")
 

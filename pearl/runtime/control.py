@@ -6,8 +6,9 @@ schedulers.
 
 ``submit`` is idempotent on ``event.event_id``: a repeated id returns ``SubmitResult(applied=False,
 duplicate=True)`` and changes nothing. Unknown GPUs / instances raise ``UnknownResourceError``
-(the admin API maps it to 404); other invalid requests raise ``ValueError`` with a message naming
-the field (-> 422).
+(the admin API maps it to 404); an event the controller rejects against its current state raises
+``ValueError`` with a message naming the field (-> 409 Conflict: the request itself was valid;
+schema validation failures are answered 422 by the admin API before reaching the controller).
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""Replay speed: one 2-hour segment at paper scale (16 training GPUs, 4 reserved + up to 12
+preemptible, batch 64, 32K limit) through the real runtime on the emulated engine, per system.
+
+    .venv/bin/python benchmarks/bench_replay.py [--workload paper|config] [--systems pearl,roll]
+
+Prints, per system, wall and CPU seconds (CPU time of this single-threaded process = the one-core
+figure even on a shared machine), simulated engine events, events per CPU second and the ratio of
+simulated to CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from pearl.config import load_config
+from pearl.sim.presets import preset_overrides
+from pearl.sim.simulate import run_system
+from pearl.sim.systems import parse_systems
+from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
+from tests.conftest import SHARED_DIR
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="qwen3-8b-h200")
+    ap.add_argument("--workload", default="paper")
+    ap.add_argument("--segment", default="volatile")
+    ap.add_argument("--systems", default="roll,rlboost+,pearl")
+    a = ap.parse_args()
+    cfg = load_config(a.config, preset_overrides(a.workload) or None)
+    tr = load_trace(SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json")
+    p = pick_segments(tr, cfg.cluster)[a.segment]
+    tl = gpu_timeline(tr.segment(p.start_hour * 3600, 7200), cfg.cluster)
+    print(f"{a.config} workload={a.workload} segment={a.segment}@{p.start_hour:.2f}h (2 h)")
+    for spec in parse_systems(a.systems):
+        w0 = time.perf_counter()
+        s, _ = run_system(cfg, spec, tl)
+        w = time.perf_counter() - w0
+        print(f"  {spec.name:10s} wall {w:6.1f} s  cpu {s['cpu_s']:6.1f} s  events {s['sim_events']:8d}  "
+              f"{s['sim_events_per_cpu_s']:8.0f} events/cpu-s  simulated/cpu {7200 / s['cpu_s']:6.0f}x  "
+              f"traj/h {s['trajectories_per_hour']:.0f}")
+
+
+if __name__ == "__main__":
+    main()

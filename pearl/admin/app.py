@@ -1,0 +1,471 @@
+"""The admin API (aiohttp): preemption signals in, state / decisions / metrics out.
+
+Life cycle: ``build_app(control, ...)`` returns an ``aiohttp.web.Application`` bound to one
+``ControlPlane``; ``AdminServer`` resolves the token, refuses an unsafe listen address, serves the
+app on host:port and stops it (``await server.stop()``). The app owns no background task.
+
+A request passes, in order: the error/metrics middleware (every failure becomes an ``ErrorOut``
+JSON, nothing propagates to the controller), the guard (body size from Content-Length -> 413,
+bearer token on every route but ``/healthz`` -> 401, per-client rate limit -> 429), then the
+handler (JSON parse -> 400, pydantic -> 422 naming each field, unknown GPU / instance / notice ->
+404, idempotency key reused with another payload or a header/body id mismatch -> 409, a well-formed
+event the controller rejects against its current state (``ValueError``, e.g. a granted GPU that is
+already in the table) -> 409 naming the field, controller too slow -> 503).
+
+Event ids: the ``Idempotency-Key`` header or the body's ``event_id`` (they must agree), an id
+derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. The controller applies
+an id once; a repeat answers 200 with ``duplicate: true`` (a first application answers 202).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_response import StreamResponse
+from pydantic import BaseModel, ValidationError
+
+from pearl.admin import cloud
+from pearl.admin import schemas as s
+from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
+from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
+from pearl.admin.security import (
+    IdempotencyLedger,
+    RateLimiter,
+    check_listen,
+    redact,
+    resolve_token,
+    token_matches,
+)
+from pearl.config import AdminSpec
+from pearl.core.events import (
+    ElasticEvent,
+    GpusGranted,
+    GrantedGpu,
+    NoticeCancelled,
+    ReclaimNotice,
+    TrainingFinished,
+    TrainingStarted,
+)
+from pearl.runtime.control import ControlPlane, UnknownResourceError
+
+log = logging.getLogger("pearl.admin")
+
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tfs'  # no headers: the Authorization header never reaches a log
+
+
+class PathOnlyAccessLogger(AbstractAccessLogger):
+    """Access log lines with the path but never the query string: a client that puts a token in
+    the URL by mistake must not leak it into the logs (found by pearl/reliability/security.py)."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        self.logger.info('%s "%s %s HTTP/%d.%d" %s %s %.6fs', request.remote, request.method, request.path,
+                         request.version.major, request.version.minor, response.status, response.body_length, time)
+
+
+_IDENT = re.compile(s.IDENT_PATTERN)
+#: Content types read as JSON. ``curl -d`` sends form-urlencoded and some webhook senders text/plain;
+#: the bearer token (not the content type) is what protects the routes, so these are accepted too.
+_JSON_TYPES = frozenset({"application/json", "text/plain", "application/x-www-form-urlencoded"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Live health of the node agents (``pearl/main.py``); None on a single node without agents.
+NodesProvider = Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
+class ApiError(Exception):
+    """A client error the middleware renders as ``ErrorOut``."""
+
+    def __init__(self, status: int, code: str, message: str, fields: list[s.FieldError] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = fields or []
+        self.headers = headers or {}
+
+
+# ---------------------------------------------------------------------------- JSON helpers
+def _clean(x: Any) -> Any:
+    """JSON-safe copy: non-finite floats -> None, tuples -> lists, other objects -> str."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if x is None or isinstance(x, str | int | bool):
+        return x
+    return str(x)
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    text = json.dumps(_clean(obj), allow_nan=False, separators=(",", ":"))
+    return web.Response(text=text, status=status, content_type="application/json", headers=headers)
+
+
+def _field_errors(err: ValidationError) -> list[s.FieldError]:
+    out = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"]) or "body"
+        out.append(s.FieldError(field=loc, reason=str(e["msg"]).removeprefix("Value error, ")))
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def _read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    ctype = request.content_type if request.headers.get("Content-Type") is not None else "application/json"
+    if ctype not in _JSON_TYPES and not ctype.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {ctype!r}")
+    raw = await request.read()  # aiohttp raises 413 past client_max_size
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        reason = "too deeply nested" if isinstance(e, RecursionError) else str(e)[:200]
+        raise ApiError(400, "bad_json", f"body is not valid JSON: {reason}",
+                       [s.FieldError(field="body", reason=reason)]) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        fields = _field_errors(e)
+        names = ", ".join(f"{f.field}: {f.reason}" for f in fields[:5])
+        raise ApiError(422, "validation", f"invalid {model.__name__}: {names}", fields) from None
+
+
+# ---------------------------------------------------------------------------- the app
+class AdminApp:
+    """Handlers and middlewares of one admin app (state: the limiter, the ledger, the metrics)."""
+
+    def __init__(
+        self,
+        control: ControlPlane,
+        spec: AdminSpec,
+        token: str | None,
+        clock_now: Callable[[], float],
+        wall_now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        nodes: NodesProvider | None = None,
+    ) -> None:
+        self.control = control
+        self._nodes = nodes
+        self.spec = spec
+        self._token = token
+        self._clock_now = clock_now
+        self._wall_now = wall_now
+        self.write_limiter = RateLimiter(spec.max_events_per_s, monotonic)
+        self.read_limiter = RateLimiter(spec.max_reads_per_s, monotonic)
+        self.ledger = IdempotencyLedger()
+        self.metrics = AdminMetrics(control)
+        self.document = build_document()
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=self.spec.max_body_bytes, middlewares=[self._errors, self._guard])
+        handlers: dict[str, Handler] = {
+            "gpusGranted": self._event(self._grant),
+            "reclaimNotice": self._event(self._reclaim),
+            "noticeCancelled": self._event(self._cancel),
+            "trainingStarted": self._event(self._training_started),
+            "trainingFinished": self._event(self._training_finished),
+            "awsEventBridge": self._event(self._eventbridge),
+            "awsInstanceAction": self._event(self._instance_action),
+            "getState": self._get_state,
+            "getDecision": self._get_decision,
+            "getHistory": self._get_history,
+            "getProgress": self._get_progress,
+            "getNodes": self._get_nodes,
+            "getConfig": self._get_config,
+            "getOpenApi": self._get_openapi,
+            "getMetrics": self._get_metrics,
+            "getHealth": self._get_health,
+        }
+        self._docs: dict[str, RouteDoc] = {}
+        for r in ROUTES:
+            app.router.add_route(r.method, r.path, handlers[r.op_id])
+            self._docs[r.path] = r
+        return app
+
+    # ------------------------------------------------------------------ middlewares
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        try:
+            resp = await handler(request)
+        except ApiError as e:
+            resp = json_response(s.ErrorOut(error=e.code, message=e.message, fields=e.fields).model_dump(),
+                                 e.status, e.headers)
+        except web.HTTPException as e:  # aiohttp's own: 404 route, 405 method, 413 body, ...
+            code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(e.status, "http_error")
+            msg = e.reason
+            if e.status == 413:
+                msg = f"request body over the limit of {self.spec.max_body_bytes} bytes (admin.max_body_bytes)"
+            hdrs = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+            resp = json_response(s.ErrorOut(error=code, message=msg).model_dump(), e.status, hdrs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("admin API: unexpected error serving %s %s", request.method, route)
+            resp = json_response(
+                s.ErrorOut(error="internal", message="internal error; the controller is unaffected, see its log")
+                .model_dump(), 500)
+        self.metrics.requests.labels(route, request.method, str(resp.status)).inc()
+        self.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        return resp
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.content_length is not None and request.content_length > self.spec.max_body_bytes:
+            raise ApiError(413, "body_too_large",
+                           f"request body of {request.content_length} bytes is over the limit of "
+                           f"{self.spec.max_body_bytes} bytes (admin.max_body_bytes)")
+        if request.path == "/healthz":
+            return await handler(request)
+        if self._token is not None and not token_matches(request.headers.get("Authorization"), self._token):
+            raise ApiError(401, "unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)",
+                           headers={"WWW-Authenticate": 'Bearer realm="pearl"'})
+        doc = self._docs.get(request.path)
+        if doc is not None:
+            allowed = {q[0] for q in doc.query}
+            unknown = sorted(k for k in request.query if k not in allowed)
+            if unknown:
+                raise ApiError(400, "bad_query", f"unknown query parameter {unknown[0][:40]!r} "
+                               f"(this route takes: {', '.join(sorted(allowed)) or 'none'})",
+                               [s.FieldError(field=unknown[0][:40], reason="unknown query parameter")])
+        limiter = self.write_limiter if request.method == "POST" else self.read_limiter
+        wait = limiter.take(request.remote or "?")
+        if wait > 0:
+            raise ApiError(429, "rate_limited", f"too many requests; retry in {wait:.2f} s",
+                           headers={"Retry-After": RateLimiter.retry_after(wait)})
+        return await handler(request)
+
+    # ------------------------------------------------------------------ events
+    def _event(self, build: Callable[[web.Request, str | None], Awaitable[tuple[ElasticEvent, str]]]) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            key = request.headers.get(IDEMPOTENCY_HEADER)
+            if key is not None and not _IDENT.match(key):
+                raise ApiError(422, "validation", f"{IDEMPOTENCY_HEADER} must match {s.IDENT_PATTERN}",
+                               [s.FieldError(field=IDEMPOTENCY_HEADER, reason=f"must match {s.IDENT_PATTERN}")])
+            event, digest = await build(request, key)
+            if self.ledger.conflicts(event.event_id, digest):
+                self.metrics.events.labels(event.kind.value, "rejected").inc()
+                raise ApiError(409, "idempotency_conflict",
+                               f"event id {event.event_id!r} was already used with a different payload")
+            try:
+                async with asyncio.timeout(self.spec.submit_timeout_s):
+                    result = await self.control.submit(event)
+            except UnknownResourceError as e:
+                self.ledger.forget(event.event_id)
+                self.metrics.events.labels(event.kind.value, "rejected").inc()
+                raise ApiError(404, "not_found", str(e), [s.FieldError(field=e.kind, reason=str(e))]) from None
+            except TimeoutError:
+                self.ledger.forget(event.event_id)
+                raise ApiError(503, "unavailable",
+                               f"the controller did not accept the event within {self.spec.submit_timeout_s} s; "
+                               f"retry with the same {IDEMPOTENCY_HEADER}", headers={"Retry-After": "1"}) from None
+            except ValueError as e:
+                self.ledger.forget(event.event_id)
+                self.metrics.events.labels(event.kind.value, "rejected").inc()
+                field, _, reason = str(e).partition(": ")
+                fields = [s.FieldError(field=field, reason=reason)] if reason else []
+                raise ApiError(409, "conflict", str(e), fields) from None
+            outcome = "duplicate" if result.duplicate else "applied" if result.applied else "ignored"
+            self.metrics.events.labels(event.kind.value, outcome).inc()
+            log.info("event %s id=%s from %s: %s %s", event.kind.value, event.event_id, request.remote, outcome,
+                     result.detail)
+            body = s.EventAcceptedOut(
+                applied=result.applied, duplicate=result.duplicate, event_id=event.event_id,
+                kind=event.kind.value, gpu_ids=list(_gpu_ids(event)), detail=result.detail,
+            )
+            return json_response(body.model_dump(), 200 if result.duplicate else 202)
+
+        return handle
+
+    @staticmethod
+    def _event_id(key: str | None, body_id: str | None) -> str:
+        if key is not None and body_id is not None and key != body_id:
+            raise ApiError(409, "idempotency_conflict",
+                           f"event_id {body_id!r} differs from {IDEMPOTENCY_HEADER} {key!r}",
+                           [s.FieldError(field="event_id", reason=f"differs from the {IDEMPOTENCY_HEADER} header")])
+        return key or body_id or f"api:{uuid.uuid4().hex}"
+
+    @staticmethod
+    def _digest(request: web.Request, m: BaseModel) -> str:
+        return IdempotencyLedger.digest(request.path, m.model_dump_json(exclude={"event_id"}).encode())
+
+    async def _grant(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.GpusGrantedIn)
+        assert isinstance(m, s.GpusGrantedIn)
+        ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus),
+                         event_id=self._event_id(key, m.event_id))
+        return ev, self._digest(request, m)
+
+    async def _reclaim(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.ReclaimNoticeIn)
+        assert isinstance(m, s.ReclaimNoticeIn)
+        event_id = self._event_id(key, m.event_id)
+        gpu_ids = tuple(m.gpu_ids) if m.gpu_ids is not None else self._instance(m.instance_id or "")
+        now_c = self._clock_now()
+        if m.deadline_in_s is not None:
+            deadline = now_c + m.deadline_in_s
+        else:
+            assert m.deadline is not None
+            deadline = cloud.wall_to_clock(m.deadline.timestamp(), now_c, self._wall_now())
+        ev = ReclaimNotice(gpu_ids, deadline, notice_id=m.notice_id or event_id, event_id=event_id)
+        return ev, self._digest(request, m)
+
+    async def _cancel(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.NoticeCancelledIn)
+        assert isinstance(m, s.NoticeCancelledIn)
+        return NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id)), self._digest(request, m)
+
+    async def _training_started(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.TrainingStartedIn)
+        assert isinstance(m, s.TrainingStartedIn)
+        return TrainingStarted(m.step, event_id=self._event_id(key, m.event_id)), self._digest(request, m)
+
+    async def _training_finished(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.TrainingFinishedIn)
+        assert isinstance(m, s.TrainingFinishedIn)
+        ev = TrainingFinished(m.step, m.weight_version, m.expected_idle_s, event_id=self._event_id(key, m.event_id))
+        return ev, self._digest(request, m)
+
+    async def _eventbridge(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        m = await _read_model(request, s.AwsSpotInterruptionIn)
+        assert isinstance(m, s.AwsSpotInterruptionIn)
+        return self._cloud_notice(cloud.from_eventbridge(m), key), self._digest(request, m)
+
+    async def _instance_action(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+        instance_id = request.query.get("instance_id")
+        if instance_id is None or not _IDENT.match(instance_id):
+            reason = "required" if instance_id is None else f"must match {s.IDENT_PATTERN}"
+            raise ApiError(422, "validation", f"query parameter instance_id: {reason}",
+                           [s.FieldError(field="instance_id", reason=reason)])
+        m = await _read_model(request, s.InstanceActionIn)
+        assert isinstance(m, s.InstanceActionIn)
+        return self._cloud_notice(cloud.from_instance_action(m, instance_id), key), self._digest(request, m)
+
+    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None) -> ReclaimNotice:
+        gpu_ids = self._instance(n.instance_id)
+        deadline = cloud.wall_to_clock(n.deadline_wall, self._clock_now(), self._wall_now())
+        event_id = key or n.event_id
+        return ReclaimNotice(gpu_ids, deadline, notice_id=f"{n.instance_id}", event_id=event_id)
+
+    def _instance(self, instance_id: str) -> tuple[str, ...]:
+        try:
+            gpus = self.control.instance_gpus(instance_id)
+        except UnknownResourceError as e:
+            raise ApiError(404, "not_found", f"{e}: no GPU was registered with this instance",
+                           [s.FieldError(field="instance_id", reason=str(e))]) from None
+        if not gpus:
+            raise ApiError(404, "not_found", f"instance {instance_id!r} has no GPU in the cluster",
+                           [s.FieldError(field="instance_id", reason="no GPU registered")])
+        return tuple(gpus)
+
+    # ------------------------------------------------------------------ reads
+    async def _get_state(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.control.state_dict())
+
+    async def _get_decision(self, request: web.Request) -> web.StreamResponse:
+        return json_response({"decision": self.control.decision_dict()})
+
+    async def _get_history(self, request: web.Request) -> web.StreamResponse:
+        raw = request.query.get("limit", "100")
+        try:
+            limit = int(raw)
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= 1000:
+            raise ApiError(400, "bad_query", f"limit must be an integer in 1..1000, got {raw[:40]!r}",
+                           [s.FieldError(field="limit", reason="must be an integer in 1..1000")])
+        return json_response({"entries": self.control.history(limit)})
+
+    async def _get_progress(self, request: web.Request) -> web.StreamResponse:
+        p = self.control.progress()
+        return json_response({f: getattr(p, f) for f in s.ProgressOut.model_fields})
+
+    async def _get_nodes(self, request: web.Request) -> web.StreamResponse:
+        nodes = await self._nodes() if self._nodes is not None else []
+        return json_response({"nodes": nodes})
+
+    async def _get_config(self, request: web.Request) -> web.StreamResponse:
+        return json_response(redact(self.control.config_dict()))
+
+    async def _get_openapi(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.document)
+
+    async def _get_metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _get_health(self, request: web.Request) -> web.StreamResponse:
+        return json_response({"status": "ok"})
+
+
+def _gpu_ids(event: ElasticEvent) -> tuple[str, ...]:
+    if isinstance(event, GpusGranted):
+        return tuple(g.gpu_id for g in event.gpus)
+    if isinstance(event, ReclaimNotice):
+        return event.gpu_ids
+    return ()
+
+
+def build_app(
+    control: ControlPlane,
+    spec: AdminSpec,
+    token: str | None,
+    clock_now: Callable[[], float],
+    wall_now: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+    nodes: NodesProvider | None = None,
+) -> web.Application:
+    return AdminApp(control, spec, token, clock_now, wall_now, monotonic, nodes).build()
+
+
+class AdminServer:
+    """Serves the admin app on ``host:port`` (port 0: any free port; see ``.port`` after ``start``)."""
+
+    def __init__(self, control: ControlPlane, spec: AdminSpec, clock_now: Callable[[], float],
+                 host: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
+                 nodes: NodesProvider | None = None) -> None:
+        self.host = host if host is not None else spec.host
+        self.port = port if port is not None else spec.port
+        self.token = resolve_token(spec.token, env)
+        check_listen(self.host, self.token)
+        self.app = build_app(control, spec, self.token, clock_now, nodes=nodes)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        if self.token is None:
+            log.warning("admin API on %s:%s has no token: open to every local process", self.host, self.port)
+        self._runner = web.AppRunner(self.app, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
+                                     access_log_class=PathOnlyAccessLogger)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        socks = getattr(site._server, "sockets", None)
+        if self.port == 0 and socks:
+            self.port = int(socks[0].getsockname()[1])
+        log.info("admin API listening on %s (auth %s)", self.url, "on" if self.token else "off")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,806 @@
+"""The emulated engine: an event-driven cost model of SGLang-style inference servers.
+
+It implements ``InferenceEngine`` so the production runtime (pipeline, schedulers, rebuilder,
+toggle manager) drives it exactly as it drives vLLM or SGLang; only time is modelled. It is
+deliberately a *different* model from the decision engine's closed-form predictor
+(``pearl.core.profile`` / ``makespan``): the predictor sums per-turn costs with fitted linear
+coefficients; the emulator runs iteration-level continuous batching per worker.
+
+Per worker, the request life cycle (queues in order)::
+
+    waiting --KV admission--> prefilling --chunks--> decoding --last token--> done
+                 (FIFO;            (chunked prefill,      (continuous batching:
+              head-of-line          <= chunk_tokens        one token per running
+                 blocking)          per iteration)         request per iteration)
+    PD:  prefill worker: waiting -> prefilling -> (first token) -> handed off
+         decode worker:  kv-wait (FIFO) -> transfer -> decoding -> done
+
+Scheduling choices (SGLang's defaults, written down here):
+
+* **Prefill first.** When a colocated worker has admitted prefill work, the next iteration is a
+  prefill chunk and every running decode stalls for it ("prefill interrupts decode"). A chunk
+  takes up to ``EmulatorSpec.chunk_tokens`` new tokens from the admitted requests in FIFO order.
+* **KV admission.** A request is admitted only if ``prompt + max_new_tokens`` tokens fit in the
+  worker's KV pool (so a running request never needs preemption); prefix-cache entries are evicted
+  LRU to make room; otherwise it waits (FIFO). The pool is
+  ``H_max = (tp * memory_gb * memory_utilization - weight_bytes) / kv_bytes_per_token``.
+* **Prefix cache.** Requests whose ``rid`` share the text before the first ``/`` are one
+  conversation (the pipeline names requests ``<traj_id>/<turn>#<attempt>``). A worker remembers
+  the last context it held per conversation; the next request of that conversation reuses
+  ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
+  (``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache). Colocated workers
+  cache prompt + output; a PD prefill worker caches only the prompt (the output was decoded
+  elsewhere); a decode worker frees its KV when a request ends (SGLang's decode side keeps no
+  radix cache). A weight update or memory release flushes the cache.
+* **The first output token comes from the prefill pass** (as in SGLang/vLLM).
+
+The cost model (decode iteration = overhead + max(memory, compute), chunked prefill, KV transfer)
+and the closed-form span sums live in ``emulated_costs.py``.
+
+Reconfiguration times come from ``EmulatorSpec`` (paper Table 3 ranges, sampled uniformly from a
+generator seeded by ``(seed, worker, kind, count)``): ``launch`` (preparation), the first
+``load_weights`` after launch (finalization: weight sync + admission), ``resume_memory``
+(activation), ``release_memory`` (deactivation), later ``load_weights`` (in-place update),
+``set_role``. Launch failures can be injected (``fail_next_launch``) to test all-or-nothing
+expansion.
+
+Tokens are synthetic but deterministic: position ``q`` of conversation ``c`` gets
+``T[(crc32(c) + q) mod vocab]`` with ``T`` a permutation of the vocabulary drawn from
+``EmulatorSpec.seed``, and a logprob drawn once per table slot (``-Exp(0.7)``). So a resumed
+request continues the very token stream an uninterrupted one would have produced. Counts are
+exact.
+
+Public names: ``EmulatedEngine``, ``WorkerCosts`` (re-exported), ``emulator_summary``.
+
+This module is longer than our usual ~600 lines on purpose: one worker's queues, KV pool, prefix
+cache, decode batch and driver are one state machine, and splitting it would scatter invariants
+(e.g. "a reservation is freed exactly once") across files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+import zlib
+from collections import OrderedDict, deque
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pearl.config import EmulatorSpec, HardwareSpec, ModelSpec, RunConfig
+from pearl.core.state import Role
+from pearl.engines.base import (
+    EngineDeadError,
+    EngineError,
+    EngineStartError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    RequestTimings,
+    ServerSpec,
+)
+from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
+
+if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
+    from pearl.runtime.clock import Clock
+
+
+# ---------------------------------------------------------------------------------- requests
+class _Stage(StrEnum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    KV_WAIT = "kv_wait"
+    TRANSFER = "transfer"
+    DECODE = "decode"
+    DONE = "done"
+
+
+class _Req:
+    __slots__ = (
+        "aborted", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
+        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "max_new", "p_reserved",
+        "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start", "prefilled", "queue_s", "reserved",
+        "rid", "stage", "submit_t", "transfer_s", "version", "workers",
+    )
+
+    def __init__(self, rid: str, input_ids: tuple[int, ...], max_new: int, pd: bool, now: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.rid = rid
+        self.conv = rid.split("/", 1)[0] if "/" in rid else rid.split("#", 1)[0]
+        self.input_ids = input_ids
+        self.max_new = max_new
+        self.pd = pd
+        self.cached = 0
+        self.prefilled = 0
+        self.generated = 0
+        self.reserved = 0
+        self.stage = _Stage.WAITING
+        self.fut: asyncio.Future[None] = loop.create_future()
+        self.submit_t = now
+        self.queue_s = self.prefill_s = self.transfer_s = self.decode_s = 0.0
+        self.prefill_start = self.prefill_end = self.decode_start = now
+        self.join_step = self.gen0 = self.finish_step = 0
+        self.conc0 = self.dtime0 = 0.0
+        self.conc = 1.0
+        self.p_reserved = 0
+        self.p_worker = ""  # PD: the prefill worker (holds p_reserved until the transfer is done)
+        self.d_worker = ""  # PD: the decode worker
+        self.version = 0
+        self.aborted = False
+        self.workers: list[str] = []
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def holder(self) -> str:
+        """The worker holding ``reserved`` KV tokens (and, while decoding, the batch slot)."""
+        return self.workers[-1]
+
+
+# ----------------------------------------------------------------------------------- workers
+class _WStatus(StrEnum):
+    LAUNCHING = "launching"
+    READY = "ready"
+    RELEASED = "released"
+    STOPPED = "stopped"
+
+
+class _Worker:
+    """One emulated server: queues, KV pool, prefix cache and a driver task (owned by the engine)."""
+
+    def __init__(self, spec: ServerSpec, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = spec.worker_id
+        self.role = spec.role
+        self.version = spec.weight_version
+        self.status = _WStatus.LAUNCHING
+        self.fresh = True  # no weights loaded since launch (the next load is "finalization")
+        self.paused = 0
+        self.capacity = capacity
+        self.kv_used = 0
+        self.cache: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # conv -> (len, first, last)
+        self.cache_tokens = 0
+        self.waiting: deque[_Req] = deque()
+        self.kv_wait: deque[_Req] = deque()
+        self.prefilling: list[_Req] = []
+        self.joining: list[_Req] = []
+        self.decoding: list[tuple[int, int, _Req]] = []  # heap (finish_step, seq, req)
+        self.n_decoding = 0
+        self.ctx_sum = 0  # total context of decoding requests at ``steps``
+        self.steps = 0  # decode iterations executed so far
+        self.conc_cum = 0.0  # integral of batch size over decode time
+        self.dtime_cum = 0.0  # decode time so far
+        self.seq = 0
+        self.span: tuple[float, int, int, tuple[float, float, float, float, float]] | None = None
+        self.wake: asyncio.Future[None] = loop.create_future()
+        self.driver: asyncio.Task[None] | None = None
+        self.events = 0  # spans + chunks simulated (for the events/s figure)
+
+    def poke(self) -> None:
+        if not self.wake.done():
+            self.wake.set_result(None)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.kv_wait) + len(self.prefilling) + len(self.joining) + self.n_decoding
+
+
+# ------------------------------------------------------------------------------------ engine
+class EmulatedEngine:
+    """``InferenceEngine`` over simulated workers; all waiting goes through the injected clock."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        clock: Clock,
+        emulator: EmulatorSpec | None = None,
+        tp_size: int = 1,
+    ) -> None:
+        self.emu = emulator or EmulatorSpec()
+        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size)
+        self.vocab = model.vocab_size
+        # synthetic tokens: position q of conversation c is table[(crc32(c) + q) mod vocab], a seeded
+        # permutation of the vocabulary, with a fixed logprob per table slot (slicing: no per-token work)
+        rng = np.random.default_rng(self.emu.seed)
+        self._tok: tuple[int, ...] = tuple(rng.permutation(self.vocab).tolist())
+        self._lp: tuple[float, ...] = tuple((-rng.exponential(0.7, self.vocab)).tolist())
+        self.clock = clock
+        self._workers: dict[str, _Worker] = {}
+        self._inflight: dict[str, _Req] = {}
+        self._fail_next: set[str] = set()
+        self._fail_all_launches = False
+        self._counts: dict[tuple[str, str], int] = {}
+        self.reconfig_log: list[tuple[str, str, float]] = []  # (kind, worker, seconds) for Table 3
+        self.crashes: list[str] = []  # driver errors (a bug): their requests ended as aborted
+        self.events_total = 0
+
+    @staticmethod
+    def from_config(cfg: RunConfig, clock: Clock) -> EmulatedEngine:
+        return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size)
+
+    # ------------------------------------------------------------------ failure injection / stats
+    def fail_next_launch(self, worker_id: str = "", gpu: str = "") -> None:
+        """The next ``launch`` of ``worker_id`` (or of any worker bound to ``gpu``) fails with
+        ``EngineStartError`` after its preparation time."""
+        if worker_id:
+            self._fail_next.add(worker_id)
+        if gpu:
+            self._fail_next.add(f"gpu:{gpu}")
+
+    def request_stages(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """``rid -> (stage, workers)`` of every in-flight request (read by fault injection:
+        ``pearl.reliability``); stages: waiting, prefill, kv_wait, transfer, decode."""
+        return {rid: (r.stage.value, tuple(r.workers)) for rid, r in self._inflight.items()}
+
+    def worker_ids(self) -> list[str]:
+        return sorted(w for w, x in self._workers.items() if x.status is not _WStatus.STOPPED)
+
+    def worker_load(self, worker_id: str) -> int:
+        w = self._workers.get(worker_id)
+        return w.load if w else 0
+
+    def kv_used(self, worker_id: str) -> int:
+        return self._workers[worker_id].kv_used
+
+    @property
+    def events(self) -> int:
+        return self.events_total + sum(w.events for w in self._workers.values())
+
+    def _sample(self, kind: str, worker_id: str, lo: float, hi: float) -> float:
+        n = self._counts.get((kind, worker_id), 0)
+        self._counts[(kind, worker_id)] = n + 1
+        if hi <= lo:
+            return lo
+        return random.Random(f"{self.emu.seed}:{worker_id}:{kind}:{n}").uniform(lo, hi)
+
+    async def _spend(self, kind: str, worker_id: str, seconds: float) -> None:
+        t0 = self.clock.now()
+        await self.clock.sleep(seconds)
+        self.reconfig_log.append((kind, worker_id, self.clock.now() - t0))
+
+    # ------------------------------------------------------------------ life cycle
+    async def launch(self, spec: ServerSpec) -> None:
+        old = self._workers.get(spec.worker_id)
+        if old is not None and old.status is not _WStatus.STOPPED:
+            raise EngineStartError(spec.worker_id, "already running; stop it before launching again")
+        loop = asyncio.get_running_loop()
+        w = _Worker(spec, self.costs.kv_capacity_tokens, loop)
+        self._workers[spec.worker_id] = w
+        try:
+            await self._spend("launch", spec.worker_id, self._sample("launch", spec.worker_id, *self.emu.launch_s))
+        except asyncio.CancelledError:
+            w.status = _WStatus.STOPPED
+            raise
+        gpu_keys = {f"gpu:{d}" for d in spec.devices} & self._fail_next
+        if spec.worker_id in self._fail_next or gpu_keys or w.status is _WStatus.STOPPED:
+            self._fail_next.discard(spec.worker_id)
+            self._fail_next.difference_update(gpu_keys)
+            w.status = _WStatus.STOPPED
+            raise EngineStartError(spec.worker_id, "emulated launch failure (injected)", exit_code=1,
+                                   log_tail="RuntimeError: CUDA error: out of memory (emulated)")
+        w.status = _WStatus.READY
+        w.driver = asyncio.create_task(self._drive(w), name=f"emulated-driver-{w.id}")
+
+    async def stop(self, worker_id: str) -> None:
+        w = self._workers.get(worker_id)
+        if w is None or w.status is _WStatus.STOPPED:
+            return
+        w.status = _WStatus.STOPPED
+        self._abort_worker(w)
+        if w.driver is not None:
+            w.driver.cancel()
+            await asyncio.gather(w.driver, return_exceptions=True)
+            w.driver = None
+        self.events_total += w.events
+        w.events = 0
+
+    async def healthy(self, worker_id: str) -> bool:
+        w = self._workers.get(worker_id)
+        return w is not None and w.status in (_WStatus.READY, _WStatus.RELEASED)
+
+    async def close(self) -> None:
+        for wid in list(self._workers):
+            await self.stop(wid)
+
+    def _serving(self, worker_id: str, role: Role | None = None) -> _Worker:
+        w = self._workers.get(worker_id)
+        if w is None or w.status in (_WStatus.STOPPED, _WStatus.LAUNCHING):
+            raise EngineDeadError(worker_id, "no such running emulated worker (stopped or never launched)")
+        if w.status is _WStatus.RELEASED:
+            raise EngineError(worker_id, "memory is released (borrowed GPU returned); resume_memory first")
+        if role is not None and w.role is not role:
+            raise EngineError(worker_id, f"worker has role {w.role.value}, the request needs {role.value}")
+        return w
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        w = self._serving(worker_id)
+        if w.role is not Role.COLOCATED:
+            raise EngineError(worker_id, f"generate() needs a colocated worker, this one is {w.role.value}")
+        r = self._new_req(req, pd=False)
+        r.workers = [w.id]
+        r.version = w.version
+        self._enqueue(w, r)
+        try:
+            await r.fut
+        except asyncio.CancelledError:
+            self._abort(r)
+            raise
+        return self._result(r, w.id, "")
+
+    async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
+        p = self._serving(prefill_id, Role.PREFILL)
+        d = self._serving(decode_id, Role.DECODE)
+        r = self._new_req(req, pd=True)
+        r.workers = [p.id]
+        r.p_worker, r.d_worker = p.id, d.id
+        r.version = p.version
+        loop = asyncio.get_running_loop()
+        try:
+            self._enqueue(p, r)
+            await r.fut
+            if r.stage is _Stage.DONE:
+                return self._result(r, p.id, d.id)
+            # KV admission on the decode worker (FIFO); the prompt's KV stays on the prefill worker
+            # (p_reserved) until the transfer is done. The grant resolves r.fut (so does an abort).
+            r.fut = loop.create_future()
+            r.workers = [p.id, d.id]
+            if d.status is not _WStatus.READY:
+                self._abort(r)
+                return self._result(r, p.id, d.id)
+            r.stage = _Stage.KV_WAIT
+            d.kv_wait.append(r)
+            d.poke()
+            await r.fut
+            if r.stage is _Stage.DONE:
+                return self._result(r, p.id, d.id)
+            r.fut = loop.create_future()
+            r.stage = _Stage.TRANSFER
+            t0 = self.clock.now()
+            if await self.clock.wait(r.fut, t0 + self.costs.transfer_s(r.input_len)):
+                return self._result(r, p.id, d.id)  # aborted during the transfer
+            r.transfer_s = self.clock.now() - t0
+            self._release_prefill_kv(r)
+            r.version = min(r.version, d.version)
+            r.stage = _Stage.DECODE
+            d.joining.append(r)
+            d.poke()
+            await r.fut
+        except asyncio.CancelledError:
+            self._abort(r)
+            raise
+        return self._result(r, p.id, d.id)
+
+    def _new_req(self, req: GenerateRequest, pd: bool) -> _Req:
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError("-", f"request {req.rid}: max_new_tokens must be >= 1")
+        if req.rid in self._inflight:
+            raise EngineError("-", f"request id {req.rid!r} is already in flight; rids must be unique per attempt")
+        r = _Req(req.rid, req.input_ids, req.sampling.max_new_tokens, pd, self.clock.now(),
+                 asyncio.get_running_loop())
+        self._inflight[r.rid] = r
+        return r
+
+    def _enqueue(self, w: _Worker, r: _Req) -> None:
+        r.stage = _Stage.WAITING
+        w.waiting.append(r)
+        w.poke()
+
+    def _result(self, r: _Req, worker_id: str, decode_id: str) -> GenerateResult:
+        self._inflight.pop(r.rid, None)
+        n = r.generated
+        if n:
+            v = self.vocab
+            a = (zlib.crc32(r.conv.encode()) + r.input_len) % v
+            b = a + n
+            if b <= v:
+                out, lps = self._tok[a:b], self._lp[a:b]
+            else:  # wraps around the table (n <= vocab always: max_new_tokens < max_context)
+                out = self._tok[a:] + self._tok[: b - v]
+                lps = self._lp[a:] + self._lp[: b - v]
+        else:
+            out, lps = (), ()
+        if r.aborted:
+            reason = FinishReason.ABORT
+        else:
+            reason = FinishReason.LENGTH
+        conc = r.conc
+        return GenerateResult(
+            rid=r.rid, output_ids=out, logprobs=lps, finish_reason=reason, weight_version=r.version,
+            prompt_tokens=r.input_len, cached_tokens=r.cached,
+            timings=RequestTimings(queue_s=r.queue_s, prefill_s=r.prefill_s, transfer_s=r.transfer_s,
+                                   decode_s=r.decode_s, decode_concurrency=conc),
+            worker_id=worker_id, decode_worker_id=decode_id,
+        )
+
+    # ------------------------------------------------------------------ abort / pause
+    async def abort(self, worker_id: str, rid: str | None = None) -> None:
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        if rid is None:
+            self._abort_worker(w)
+        else:
+            for r in list(self._inflight.values()):
+                if (r.rid == rid or r.rid.split("#")[0] == rid) and worker_id in r.workers:
+                    self._abort(r)
+
+    def _abort_worker(self, w: _Worker) -> None:
+        for r in list(self._inflight.values()):
+            if w.id in r.workers:
+                self._abort(r)
+
+    def _abort(self, r: _Req) -> None:
+        """End ``r`` now with the tokens completed so far; free its KV; wake the worker(s)."""
+        if r.stage is _Stage.DONE:
+            return
+        now = self.clock.now()
+        for wid in r.workers:
+            w = self._workers.get(wid)
+            if w is None:
+                continue
+            if r in w.waiting:
+                w.waiting.remove(r)
+            if r in w.prefilling:
+                w.prefilling.remove(r)
+                self._free(w, r, cache_len=r.cached + r.prefilled)
+            if r in w.kv_wait:
+                w.kv_wait.remove(r)
+            if r in w.joining:
+                w.joining.remove(r)
+            elif r.stage is _Stage.DECODE and r.join_step >= 0 and wid == r.holder:
+                self._leave_decode(w, r, now)
+                r.decode_s = now - r.decode_start
+            w.poke()
+        self._release_prefill_kv(r)
+        holder = self._workers.get(r.holder)
+        if r.reserved and holder is not None:
+            self._free(holder, r, cache_len=0 if r.pd else r.input_len + r.generated)
+        r.aborted = True
+        r.stage = _Stage.DONE
+        if not r.fut.done():
+            r.fut.set_result(None)
+
+    async def pause(self, worker_id: str) -> None:
+        w = self._serving(worker_id)
+        w.paused += 1
+        w.poke()
+
+    async def resume(self, worker_id: str) -> None:
+        w = self._workers.get(worker_id)
+        if w is not None and w.paused:
+            w.paused -= 1
+            w.poke()
+
+    # ------------------------------------------------------------------ weights / memory / role
+    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
+        """First load after launch: finalization (``admission_s``); later: in-place update
+        (``weight_update_s``). In-flight requests end with ``abort`` (their tokens came from the old
+        version) and the prefix cache is flushed."""
+        w = self._workers.get(worker_id)
+        if w is None or w.status is _WStatus.STOPPED:
+            raise EngineDeadError(worker_id, "cannot load weights: worker is not running")
+        self._abort_worker(w)
+        self._flush_cache(w)
+        w.paused += 1
+        try:
+            if w.fresh:
+                await self._spend("finalize", worker_id, self._sample("finalize", worker_id, *self.emu.admission_s))
+            else:
+                await self._spend("weight_update", worker_id, self.emu.weight_update_s)
+        finally:
+            w.paused -= 1
+            w.poke()
+        w.fresh = False
+        w.version = version
+
+    async def weight_version(self, worker_id: str) -> int:
+        w = self._workers.get(worker_id)
+        if w is None:
+            raise EngineDeadError(worker_id, "no such emulated worker")
+        return w.version
+
+    async def release_memory(self, worker_id: str) -> None:
+        w = self._serving(worker_id)
+        self._abort_worker(w)
+        self._flush_cache(w)
+        w.status = _WStatus.RELEASED
+        await self._spend("deactivate", worker_id, self._sample("deactivate", worker_id, *self.emu.deactivation_s))
+
+    async def resume_memory(self, worker_id: str) -> None:
+        w = self._workers.get(worker_id)
+        if w is None or w.status is _WStatus.STOPPED:
+            raise EngineDeadError(worker_id, "cannot resume memory: worker is not running")
+        if w.status is _WStatus.READY:
+            return
+        await self._spend("activate", worker_id, self._sample("activate", worker_id, *self.emu.activation_s))
+        w.status = _WStatus.READY
+        w.poke()
+
+    async def set_role(self, worker_id: str, role: Role) -> None:
+        w = self._workers.get(worker_id)
+        if w is None or w.status is _WStatus.STOPPED:
+            raise EngineDeadError(worker_id, "cannot change role: worker is not running")
+        if w.role is role:
+            return
+        self._abort_worker(w)
+        self._flush_cache(w)
+        await self._spend("role_switch", worker_id, self.emu.role_switch_s)
+        w.role = role
+
+    # ------------------------------------------------------------------ KV bookkeeping
+    def _flush_cache(self, w: _Worker) -> None:
+        w.cache.clear()
+        w.cache_tokens = 0
+
+    def _free(self, w: _Worker, r: _Req, cache_len: int) -> None:
+        """Release ``r``'s reservation on ``w``; keep ``cache_len`` tokens of its context as the
+        conversation's prefix entry (not on decode workers)."""
+        w.kv_used -= r.reserved
+        r.reserved = 0
+        self._cache(w, r, cache_len)
+        w.poke()
+
+    def _cache(self, w: _Worker, r: _Req, cache_len: int) -> None:
+        if cache_len <= 0 or w.status is not _WStatus.READY or w.role is Role.DECODE:
+            return
+        old = w.cache.pop(r.conv, None)
+        if old is not None:
+            w.cache_tokens -= old[0]
+        ids = r.input_ids
+        cache_len = min(cache_len, w.capacity - w.kv_used - w.cache_tokens)
+        if cache_len <= 0 or not ids:
+            return
+        # the entry remembers the first token and the last cached prompt token (-1: beyond the prompt)
+        last = ids[cache_len - 1] if cache_len <= len(ids) else -1
+        w.cache[r.conv] = (cache_len, ids[0], last)
+        w.cache_tokens += cache_len
+
+    def _release_prefill_kv(self, r: _Req) -> None:
+        """PD: free the prompt's KV on the prefill worker (kept as the conversation's prefix)."""
+        if not r.p_reserved:
+            return
+        p = self._workers.get(r.p_worker)
+        if p is not None:
+            p.kv_used -= r.p_reserved
+            self._cache(p, r, r.input_len)
+            p.poke()
+        r.p_reserved = 0
+
+    def _make_room(self, w: _Worker, need: int, keep: str) -> bool:
+        free = w.capacity - w.kv_used - w.cache_tokens
+        if free >= need:
+            return True
+        for conv in list(w.cache):
+            if conv == keep:
+                continue
+            ln = w.cache.pop(conv)[0]
+            w.cache_tokens -= ln
+            free += ln
+            if free >= need:
+                return True
+        return free >= need
+
+    def _admit(self, w: _Worker, now: float) -> None:
+        """Admit waiting requests FIFO while KV (and the running cap) allows."""
+        while w.waiting:
+            r = w.waiting[0]
+            if len(w.prefilling) + w.n_decoding + len(w.joining) >= self.emu.max_running:
+                break
+            hit = 0
+            entry = w.cache.get(r.conv)
+            if entry is not None:
+                ln, first, last = entry
+                ids = r.input_ids
+                if ids and ids[0] == first and (last == -1 or (ln <= len(ids) and ids[ln - 1] == last)):
+                    hit = int(min(ln, len(ids) - 1) * self.emu.prefix_reuse)  # >= 1 prompt token computed
+            need = r.input_len + (r.max_new if w.role is Role.COLOCATED else 0)
+            need_extra = need - (entry[0] if entry is not None else 0)  # the entry is consumed either way
+            if need > w.capacity:
+                w.waiting.popleft()
+                self._inflight.pop(r.rid, None)
+                r.stage = _Stage.DONE
+                r.fut.set_exception(EngineError(w.id, f"request {r.rid} needs {need} KV tokens, the worker "
+                                                      f"holds {w.capacity}; shorten the trajectory limit"))
+                continue
+            if not self._make_room(w, max(need_extra, 0), keep=r.conv if entry is not None else ""):
+                break
+            if entry is not None:
+                w.cache.pop(r.conv, None)
+                w.cache_tokens -= entry[0]
+            w.waiting.popleft()
+            w.kv_used += need
+            r.reserved = need
+            r.cached = hit
+            r.stage = _Stage.PREFILL
+            r.queue_s = now - r.submit_t
+            r.prefill_start = now
+            w.prefilling.append(r)
+        while w.kv_wait and w.role is Role.DECODE:
+            r = w.kv_wait[0]
+            need = r.input_len + r.max_new
+            if w.n_decoding + len(w.joining) >= self.emu.max_running or not self._make_room(w, need, ""):
+                break
+            w.kv_wait.popleft()
+            w.kv_used += need
+            r.reserved = need
+            r.queue_s += now - r.prefill_end
+            if not r.fut.done():
+                r.fut.set_result(None)
+
+    # ------------------------------------------------------------------ decode batch
+    def _join_decode(self, w: _Worker, r: _Req, now: float) -> None:
+        r.stage = _Stage.DECODE
+        r.decode_start = now
+        r.join_step = w.steps
+        r.gen0 = r.generated
+        r.finish_step = w.steps + (r.max_new - r.generated)
+        r.conc0 = w.conc_cum
+        r.dtime0 = w.dtime_cum
+        w.seq += 1
+        heapq.heappush(w.decoding, (r.finish_step, w.seq, r))
+        w.n_decoding += 1
+        w.ctx_sum += r.input_len + r.generated
+
+    def _leave_decode(self, w: _Worker, r: _Req, now: float) -> None:
+        """Remove ``r`` from the batch (lazy heap deletion) after bringing its count up to date."""
+        steps = w.steps
+        if w.span is not None:
+            t0, k_max, base_steps, line = w.span
+            steps = base_steps + steps_within(now - t0, k_max, line)
+        r.generated = r.gen0 + (steps - r.join_step)
+        dtime = w.dtime_cum - r.dtime0
+        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
+        w.n_decoding -= 1
+        w.ctx_sum -= r.input_len + r.gen0 + (w.steps - r.join_step)
+        r.join_step = -1  # marks "left" for the lazy heap
+
+    def _finish(self, w: _Worker, r: _Req, now: float) -> None:
+        r.generated = r.max_new
+        dtime = w.dtime_cum - r.dtime0
+        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else 1.0
+        r.decode_s = now - r.decode_start
+        w.n_decoding -= 1
+        w.ctx_sum -= r.input_len + r.max_new
+        r.join_step = -1
+        self._free(w, r, cache_len=0 if r.pd else r.input_len + r.generated)
+        r.stage = _Stage.DONE
+        self._inflight.pop(r.rid, None)
+        if not r.fut.done():
+            r.fut.set_result(None)
+
+    # ------------------------------------------------------------------ the driver
+    async def _drive(self, w: _Worker) -> None:
+        """Runs ``_drive_loop``; a bug in it must not hang the requests: they end as aborted (with
+        their partial output), the worker is marked dead and the error is kept in ``crashes``."""
+        try:
+            await self._drive_loop(w)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.crashes.append(f"worker {w.id}: {type(e).__name__}: {e}")
+            w.status = _WStatus.STOPPED
+            self._abort_worker(w)
+
+    async def _drive_loop(self, w: _Worker) -> None:
+        """Per-worker event loop: admit, then one prefill chunk or one decode span, and repeat."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if w.wake.done():
+                w.wake = loop.create_future()
+            now = self.clock.now()
+            if w.paused or w.status is not _WStatus.READY:
+                await w.wake
+                continue
+            self._admit(w, now)
+            if w.joining:
+                for r in w.joining:
+                    self._join_decode(w, r, now)
+                w.joining.clear()
+            if w.prefilling:
+                await self._prefill_chunk(w, now)
+                continue
+            if w.n_decoding:
+                await self._decode_span(w, now)
+                continue
+            await w.wake
+
+    async def _prefill_chunk(self, w: _Worker, now: float) -> None:
+        budget = self.emu.chunk_tokens
+        parts: list[tuple[_Req, int]] = []
+        for r in w.prefilling:
+            todo = r.input_len - r.cached - r.prefilled
+            take = min(todo, budget)
+            if take > 0:
+                parts.append((r, take))
+                budget -= take
+            if budget <= 0:
+                break
+        dt = self.costs.prefill_chunk_s([(x, r.cached + r.prefilled) for r, x in parts])
+        w.events += 1
+        await self.clock.sleep(dt)
+        end = self.clock.now()
+        # decode stalled for the chunk: it counts as decode time with the current batch
+        if w.n_decoding:
+            w.dtime_cum += dt
+            w.conc_cum += dt * w.n_decoding
+        for r, x in parts:
+            if r.stage is not _Stage.PREFILL:
+                continue  # aborted meanwhile
+            r.prefilled += x
+            if r.cached + r.prefilled >= r.input_len:
+                w.prefilling.remove(r)
+                r.prefill_end = end
+                r.prefill_s = end - r.prefill_start
+                r.generated = 1  # the prefill pass emits the first token
+                if r.pd:
+                    r.p_reserved, r.reserved = r.reserved, 0
+                    r.stage = _Stage.KV_WAIT
+                    if r.max_new <= 1:
+                        self._release_prefill_kv(r)
+                        r.stage = _Stage.DONE
+                        self._inflight.pop(r.rid, None)
+                    r.fut.set_result(None)
+                elif r.max_new <= 1:
+                    self._free(w, r, cache_len=r.input_len + 1)
+                    r.stage = _Stage.DONE
+                    self._inflight.pop(r.rid, None)
+                    r.fut.set_result(None)
+                else:
+                    self._join_decode(w, r, end)
+
+    async def _decode_span(self, w: _Worker, now: float) -> None:
+        # drop lazily-deleted heap heads
+        while w.decoding and w.decoding[0][2].join_step < 0:
+            heapq.heappop(w.decoding)
+        if not w.decoding:
+            return
+        n = w.n_decoding
+        k_max = w.decoding[0][0] - w.steps
+        c = self.costs
+        a0, a1, m0, m1 = c.decode_line(n, w.ctx_sum)
+        line = (c.overhead_s, a0, a1, m0, m1)
+        w.span = (now, k_max, w.steps, line)
+        w.events += 1
+        full = span_sum(k_max, *line)
+        loop = asyncio.get_running_loop()
+        k = k_max
+        while await self.clock.wait(w.wake, now + full):
+            if w.waiting or w.joining or w.kv_wait or w.paused or w.status is not _WStatus.READY or (
+                    w.n_decoding != n):
+                # cut the span at the end of the iteration in progress (requests join at boundaries)
+                k = steps_within(self.clock.now() - now, k_max, line)
+                if k < k_max:
+                    await self.clock.sleep_until(now + span_sum(k + 1, *line))
+                    k += 1
+                break
+            w.wake = loop.create_future()  # a wake that changes nothing for this span
+        end = self.clock.now()
+        w.span = None
+        dt = end - now
+        w.dtime_cum += dt
+        w.conc_cum += dt * w.n_decoding
+        w.steps += k
+        w.ctx_sum += w.n_decoding * k
+        while w.decoding and (w.decoding[0][2].join_step < 0 or w.decoding[0][0] <= w.steps):
+            _, _, r = heapq.heappop(w.decoding)
+            if r.join_step >= 0:
+                self._finish(w, r, end)
+
+
+def emulator_summary(engine: EmulatedEngine) -> dict[str, Any]:
+    """Counters for reports: simulated events and observed reconfiguration times by kind."""
+    by_kind: dict[str, list[float]] = {}
+    for kind, _w, s in engine.reconfig_log:
+        by_kind.setdefault(kind, []).append(s)
+    return {
+        "events": engine.events,
+        "crashes": list(engine.crashes),
+        "reconfigurations": {k: {"count": len(v), "min_s": min(v), "max_s": max(v), "mean_s": sum(v) / len(v)}
+                             for k, v in sorted(by_kind.items())},
+    }
+

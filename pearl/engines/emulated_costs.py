@@ -1,0 +1,179 @@
+"""Cost model of the emulated engine: per-iteration times of one worker, and their span sums.
+
+Cost model (symbols: ``N_act`` active parameters, ``W`` weight bytes, ``W_d``/``W_e`` non-expert /
+routed-expert weight bytes, ``E`` experts, ``k`` experts per token, ``L`` layers, ``H`` query
+heads, ``d`` head dim, ``kv`` KV bytes per token, ``F = tp * bf16_tflops``, ``BW = tp * HBM *
+decode_bw_efficiency``, ``o = step_overhead_s``)::
+
+    decode iteration, n running requests, total context C tokens:
+        touched(n) = E * (1 - (1 - k/E)^n)     expected distinct experts per layer (uniform routing)
+        t_mem      = (W_d + W_e * touched(n)/E + kv * C) / BW
+        t_compute  = (2 N_act n + 4 L H d C) / (F * decode_mfu)
+        t_step     = o + max(t_mem, t_compute)            (roofline: the slower resource binds)
+    prefill chunk, requests i with x_i new tokens over c_i tokens already in KV:
+        t_chunk    = o + max((2 N_act sum x_i + 4 L H d sum x_i (c_i + x_i/2)) / (F * prefill_mfu),
+                             (W_d + W_e * touched(sum x_i)/E + kv * sum(c_i + x_i)) / BW)
+    KV transfer of a prompt of p tokens:  interconnect_latency_s + p * kv / interconnect_gbs
+
+Within a decode *span* (no arrival, no departure) ``C`` grows by ``n`` per iteration, so
+``t_step(j) = o + max(a0 + a1 j, m0 + m1 j)`` and the span's duration ``S(K) = sum_{j<K}
+t_step(j)`` has a closed form. A worker sleeps once per span until the first request finishes
+(``K = min remaining tokens``) - never once per token. An arrival cuts the span at the next
+iteration boundary; an abort returns exactly the tokens completed by the abort time (the largest
+``j`` with ``S(j) <= elapsed``).
+
+Public names: ``WorkerCosts``, ``span_sum``, ``steps_within``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pearl.config import EmulatorSpec, HardwareSpec, ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCosts:
+    """The emulator's cost model for one worker (``tp`` GPUs); formulas in the module docstring."""
+
+    overhead_s: float
+    dense_bytes: float
+    expert_bytes: float
+    n_experts: int
+    experts_per_token: int
+    kv_bytes: float
+    bw: float  # bytes/s
+    flops_per_token: float  # 2 N_act
+    attn_flops_per_pair: float  # 4 L H d
+    decode_flops: float  # F * decode_mfu
+    prefill_flops: float  # F * prefill_mfu
+    link_bw: float  # bytes/s
+    link_latency_s: float
+    kv_capacity_tokens: int
+
+    @staticmethod
+    def from_specs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1) -> WorkerCosts:
+        total = model.total_params_b * 1e9 * model.dtype_bytes
+        experts = model.expert_params_b * 1e9 * model.dtype_bytes if model.is_moe else 0.0
+        mem = tp * hw.memory_gb * 1e9 * hw.memory_utilization
+        if mem <= total:
+            raise ValueError(f"{model.name} weights ({total / 1e9:.1f} GB) do not fit in {tp} x {hw.name}")
+        f = tp * hw.bf16_tflops * 1e12
+        return WorkerCosts(
+            overhead_s=hw.step_overhead_s,
+            dense_bytes=total - experts,
+            expert_bytes=experts,
+            n_experts=model.n_experts,
+            experts_per_token=model.experts_per_token,
+            kv_bytes=float(model.kv_bytes_per_token),
+            bw=tp * hw.hbm_bandwidth_tbs * 1e12 * hw.decode_bw_efficiency,
+            flops_per_token=2.0 * model.active_params_b * 1e9,
+            attn_flops_per_pair=4.0 * model.n_layers * model.n_heads * model.head_dim,
+            decode_flops=f * emu.decode_mfu,
+            prefill_flops=f * hw.prefill_mfu,
+            link_bw=hw.interconnect_gbs * 1e9,
+            link_latency_s=hw.interconnect_latency_s,
+            kv_capacity_tokens=int((mem - total) // model.kv_bytes_per_token),
+        )
+
+    def experts_touched(self, tokens: float) -> float:
+        """touched(n) = E (1 - (1 - k/E)^n): expected distinct experts per layer (0 if dense)."""
+        if not self.n_experts:
+            return 0.0
+        return self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** max(tokens, 0.0))
+
+    def weight_read_bytes(self, tokens: float) -> float:
+        if not self.n_experts:
+            return self.dense_bytes
+        return self.dense_bytes + self.expert_bytes * self.experts_touched(tokens) / self.n_experts
+
+    def decode_line(self, n: int, context: float) -> tuple[float, float, float, float]:
+        """(a0, a1, m0, m1): t_step(j) = o + max(a0 + a1 j, m0 + m1 j) for a span of n requests whose
+        total context is ``context`` at j = 0 (it grows by n per iteration)."""
+        a0 = (self.flops_per_token * n + self.attn_flops_per_pair * context) / self.decode_flops
+        a1 = self.attn_flops_per_pair * n / self.decode_flops
+        m0 = (self.weight_read_bytes(n) + self.kv_bytes * context) / self.bw
+        m1 = self.kv_bytes * n / self.bw
+        return a0, a1, m0, m1
+
+    def decode_step_s(self, n: int, context: float) -> float:
+        a0, _, m0, _ = self.decode_line(n, context)
+        return self.overhead_s + max(a0, m0)
+
+    def prefill_chunk_s(self, parts: list[tuple[int, int]]) -> float:
+        """``parts``: (new tokens x_i, tokens already in KV c_i) per request in the chunk."""
+        x = sum(p[0] for p in parts)
+        pairs = sum(p[0] * (p[1] + p[0] / 2.0) for p in parts)
+        ctx = sum(p[0] + p[1] for p in parts)
+        compute = (self.flops_per_token * x + self.attn_flops_per_pair * pairs) / self.prefill_flops
+        memory = (self.weight_read_bytes(x) + self.kv_bytes * ctx) / self.bw
+        return self.overhead_s + max(compute, memory)
+
+    def transfer_s(self, tokens: int) -> float:
+        return self.link_latency_s + tokens * self.kv_bytes / self.link_bw
+
+
+def span_sum(k: int, o: float, a0: float, a1: float, m0: float, m1: float) -> float:
+    """S(k) = sum_{j=0}^{k-1} (o + max(a0 + a1 j, m0 + m1 j)), closed form (two linear pieces)."""
+    if k <= 0:
+        return 0.0
+
+    def lin(c0: float, c1: float, lo: int, hi: int) -> float:  # sum_{j=lo}^{hi-1} c0 + c1 j
+        m = hi - lo
+        return m * c0 + c1 * (lo + hi - 1) * m / 2.0 if m > 0 else 0.0
+
+    # d(j) = (a0 - m0) + (a1 - m1) j; compute binds where d(j) >= 0.
+    d0, d1 = a0 - m0, a1 - m1
+    if d1 == 0:
+        body = lin(a0, a1, 0, k) if d0 >= 0 else lin(m0, m1, 0, k)
+    else:
+        x = -d0 / d1  # crossover
+        split = min(max(int(np.ceil(x)), 0), k)
+        if d1 > 0:  # memory binds before the crossover, compute after
+            body = lin(m0, m1, 0, split) + lin(a0, a1, split, k)
+        else:
+            body = lin(a0, a1, 0, split) + lin(m0, m1, split, k)
+    return k * o + body
+
+
+def steps_within(elapsed: float, k_max: int, line: tuple[float, float, float, float, float]) -> int:
+    """The largest j <= k_max with S(j) <= elapsed.
+
+    Closed form per linear piece: the iterations from ``start`` cost ``A + B i`` (i = 0, 1, ...), so
+    m of them take ``A m + B m (m - 1) / 2``; the largest m within a budget E is the floor of the
+    positive root of ``B/2 m^2 + (A - B/2) m - E = 0``. The result is then checked (and nudged by
+    one) against the exact sum ``_span_sum`` so float rounding never miscounts a token.
+    """
+    o, a0, a1, m0, m1 = line
+    eps = 1e-9 * max(1.0, elapsed)
+    d0, d1 = a0 - m0, a1 - m1
+    if d1 == 0:
+        split = k_max
+        first = (a0, a1) if d0 >= 0 else (m0, m1)
+        second = first
+    else:
+        split = min(max(int(np.ceil(-d0 / d1)), 0), k_max)
+        first, second = ((m0, m1), (a0, a1)) if d1 > 0 else ((a0, a1), (m0, m1))
+
+    def fit(c0: float, c1: float, start: int, budget: float, limit: int) -> int:
+        big_a = o + c0 + c1 * start
+        if budget <= 0 or limit <= 0:
+            return 0
+        if c1 <= 0:
+            m = int(budget / big_a) if big_a > 0 else limit
+        else:
+            h = big_a - c1 / 2.0
+            m = int((-h + math.sqrt(h * h + 2.0 * c1 * budget)) / c1)
+        return min(max(m, 0), limit)
+
+    k = fit(*first, 0, elapsed + eps, split)
+    if k == split and split < k_max:
+        k = split + fit(*second, split, elapsed + eps - span_sum(split, *line), k_max - split)
+    while k < k_max and span_sum(k + 1, *line) <= elapsed + eps:
+        k += 1
+    while k > 0 and span_sum(k, *line) > elapsed + eps:
+        k -= 1
+    return k

@@ -1,0 +1,448 @@
+"""``SglangEngine``: the ``InferenceEngine`` contract over SGLang's HTTP API (the GPU engine).
+
+Life cycle: ``engine = SglangEngine(run_dir, settings)``; ``await engine.launch(spec)`` spawns
+``python -m sglang.launch_server`` (``settings.module``; tests point it at
+``pearl.engines.sglang_fake``) on the spec's GPUs (``CUDA_VISIBLE_DEVICES``, ``--tp-size`` = number
+of GPUs) and polls ``/health``; ``await engine.close()`` stops every server. Logs go to
+``<run_dir>/logs``. Routes used (``sglang/srt/entrypoints/http_server.py``):
+
+- ``POST /generate {input_ids, sampling_params{max_new_tokens, temperature, top_p, stop_token_ids},
+  return_logprob, rid, stream}``; PD adds ``bootstrap_host, bootstrap_port, bootstrap_room`` and the
+  same request goes to the prefill and the decode server concurrently (what ``sglang-router`` does);
+  the decode server pulls the KV through the transfer backend (``mooncake`` / ``nixl``).
+  The stream's ``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) are
+  cumulative; a partial output survives an abort (``finish_reason.type == "abort"``) or a death.
+- ``/abort_request {rid | abort_all}``, ``/pause_generation {mode: abort|retract|in_place}``,
+  ``/continue_generation``, ``/update_weights_from_disk {model_path, weight_version}``,
+  ``/init_weights_update_group`` + ``/update_weights_from_distributed {names, dtypes, shapes,
+  group_name, weight_version}`` (the trainer runs rank 0 of that NCCL group),
+  ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``--enable-memory-saver``),
+  ``/pd_role_switch {new_role}`` (``--enable-pd-role-switch``), ``GET /get_weight_version``.
+
+Role change: prefill <-> decode in place through ``/pd_role_switch`` when
+``settings.enable_pd_role_switch``; anything involving the colocated mode (``--disaggregation-mode
+null``) relaunches the server. Telemetry is measured client-side as in ``pearl.engines.vllm``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from pearl.core.state import Role
+from pearl.engines.base import (
+    EngineDeadError,
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    KVTransferError,
+    RequestTimings,
+    ServerSpec,
+)
+from pearl.engines.vllm_broadcast import free_port
+from pearl.engines.vllm_server import ChildServer, race_death
+
+# idle pooled connections are dropped before uvicorn closes them (its keep-alive is 5 s); a
+# request written into a connection the server is closing fails with "closing transport"
+KEEPALIVE_S = 2.0
+CONTROL_TIMEOUT_S = 300.0
+MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
+
+
+@dataclass(frozen=True, slots=True)
+class SglangSettings:
+    python: str = sys.executable
+    module: str = "sglang.launch_server"
+    transfer_backend: Literal["mooncake", "nixl", "fake"] = "nixl"
+    mem_fraction_static: float = 0.8
+    enable_memory_saver: bool = True
+    enable_pd_role_switch: bool = False
+    start_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(kw_only=True)
+class SglangServer(ChildServer):
+    settings: SglangSettings
+    bootstrap_port: int = 0
+    kind = "SGLang server"
+
+    @property
+    def mode(self) -> str:
+        return MODE_OF_ROLE[self.spec.role]
+
+    def allocate_ports(self) -> None:
+        super().allocate_ports()
+        self.bootstrap_port = free_port(self.spec.host)
+
+    def command(self) -> list[str]:
+        s = self.settings
+        cmd = [s.python, "-m", s.module, "--model-path", self.spec.weights, "--host", self.spec.host,
+               "--port", str(self.port), "--tp-size", str(max(len(self.spec.devices), 1)),
+               "--mem-fraction-static", str(s.mem_fraction_static), "--skip-server-warmup",
+               "--weight-version", str(self.weight_version)]
+        if s.enable_memory_saver:
+            cmd.append("--enable-memory-saver")
+        if self.mode != "null":
+            cmd += ["--disaggregation-mode", self.mode, "--disaggregation-transfer-backend", s.transfer_backend,
+                    "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
+            if s.enable_pd_role_switch:
+                cmd.append("--enable-pd-role-switch")
+        return cmd + list(s.extra_args)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        gpus = [d for d in self.spec.devices if d.isdigit()]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(dict(self.settings.extra_env))
+        return env
+
+
+@dataclass
+class _Stream:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    version: str | None = None
+    t_first: float | None = None
+    t_last: float | None = None
+    conc_sum: float = 0.0
+    conc_n: int = 0
+    grew: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+class SglangEngine:
+    """SGLang servers as child processes; see the module docstring."""
+
+    def __init__(self, run_dir: str | Path, settings: SglangSettings | None = None):
+        self.run_dir = Path(run_dir)
+        self.settings = settings or SglangSettings()
+        self._servers: dict[str, SglangServer] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self.last_role_change_s = float("nan")
+        self._live: dict[str, _Stream] = {}  # rid -> stream in progress (for ``wait_tokens``)
+        self._live_changed = asyncio.Event()
+
+    # ------------------------------------------------------------------------------ servers
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.settings.request_timeout_s),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
+        return self._http
+
+    def server(self, worker_id: str) -> SglangServer:
+        try:
+            return self._servers[worker_id]
+        except KeyError:
+            raise EngineError(worker_id, f"no server launched for this worker (known: {sorted(self._servers)})") \
+                from None
+
+    def _alive(self, worker_id: str) -> SglangServer:
+        srv = self.server(worker_id)
+        if not srv.alive:
+            raise EngineDeadError(worker_id, "SGLang server is not running", exit_code=srv.exit_code,
+                                  log_tail=srv.log_tail())
+        return srv
+
+    async def launch(self, spec: ServerSpec) -> None:
+        if spec.worker_id in self._servers and self._servers[spec.worker_id].alive:
+            raise EngineError(spec.worker_id, "already running; stop it or set_role instead of launching twice")
+        srv = SglangServer(spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
+                           weight_version=spec.weight_version, settings=self.settings)
+        self._servers[spec.worker_id] = srv
+        await srv.start()
+
+    async def stop(self, worker_id: str) -> None:
+        srv = self._servers.get(worker_id)
+        if srv is not None:
+            await srv.stop()
+
+    async def healthy(self, worker_id: str) -> bool:
+        srv = self._servers.get(worker_id)
+        if srv is None or not srv.alive:
+            return False
+        try:
+            async with self._session().get(f"{srv.url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self._servers.values()))
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------------------------ control
+    async def _call(self, srv: SglangServer, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        async def call() -> Any:
+            async with self._session().request(method, f"{srv.url}{path}",
+                                               json=dict(body) if body is not None else None,
+                                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as r:
+                text = await r.text()
+                if r.status != 200:
+                    raise EngineError(srv.spec.worker_id, f"{method} {path} -> HTTP {r.status}: {text[:500]}")
+                try:
+                    data = json.loads(text) if text.strip() else None
+                except json.JSONDecodeError:
+                    return text
+                if isinstance(data, dict) and data.get("success") is False:
+                    raise EngineError(srv.spec.worker_id, f"{method} {path} failed: {data.get('message')}")
+                return data
+        return await race_death(srv, call(), f"{method} {path}")
+
+    async def abort(self, worker_id: str, rid: str | None = None) -> None:
+        body = {"abort_all": True} if rid is None else {"rid": rid}
+        await self._call(self._alive(worker_id), "POST", "/abort_request", body)
+
+    async def pause(self, worker_id: str, mode: Literal["in_place", "retract", "abort"] = "in_place") -> None:
+        await self._call(self._alive(worker_id), "POST", "/pause_generation", {"mode": mode})
+
+    async def resume(self, worker_id: str) -> None:
+        await self._call(self._alive(worker_id), "POST", "/continue_generation", {})
+
+    async def release_memory(self, worker_id: str) -> None:
+        """Abort in-flight requests, then free weights + KV (the process stays)."""
+        srv = self._alive(worker_id)
+        await self._call(srv, "POST", "/pause_generation", {"mode": "abort"})
+        await self._call(srv, "POST", "/release_memory_occupation", {})
+
+    async def resume_memory(self, worker_id: str) -> None:
+        srv = self._alive(worker_id)
+        await self._call(srv, "POST", "/resume_memory_occupation", {})
+        await self._call(srv, "POST", "/continue_generation", {})
+
+    # ------------------------------------------------------------------------------ weights
+    async def weight_version(self, worker_id: str) -> int:
+        data = await self._call(self._alive(worker_id), "GET", "/get_weight_version")
+        return int(data["weight_version"])
+
+    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
+        srv = self._alive(worker_id)
+        await self._call(srv, "POST", "/pause_generation", {"mode": "abort"})
+        try:
+            await self._call(srv, "POST", "/update_weights_from_disk",
+                             {"model_path": str(path), "weight_version": str(version)})
+            srv.weight_version = version
+        finally:
+            if srv.alive:
+                await self._call(srv, "POST", "/continue_generation", {})
+
+    async def init_weights_group(self, worker_id: str, master_address: str, master_port: int, rank_offset: int,
+                                 world_size: int, group_name: str = "weight_update_group",
+                                 backend: str = "nccl") -> None:
+        """Join the trainer's broadcast group (the trainer is rank 0; this server's TP ranks start at
+        ``rank_offset``). Call on every server concurrently with the trainer's own group init."""
+        await self._call(self._alive(worker_id), "POST", "/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend})
+
+    async def update_weights_from_distributed(self, worker_id: str, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], version: int,
+                                              group_name: str = "weight_update_group") -> None:
+        """Receive one broadcast of ``names`` (the trainer broadcasts the tensors meanwhile)."""
+        srv = self._alive(worker_id)
+        await self._call(srv, "POST", "/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "weight_version": str(version), "flush_cache": True})
+        srv.weight_version = version
+
+    # ------------------------------------------------------------------------------ roles
+    async def set_role(self, worker_id: str, role: Role) -> None:
+        srv = self.server(worker_id)
+        t0 = time.monotonic()
+        if srv.spec.role == role:
+            return
+        in_place = (self.settings.enable_pd_role_switch and srv.alive
+                    and {srv.spec.role, role} == {Role.PREFILL, Role.DECODE})
+        if in_place:
+            await self._call(srv, "POST", "/pd_role_switch", {"new_role": MODE_OF_ROLE[role]})
+            srv.spec = replace(srv.spec, role=role)
+        else:
+            await srv.stop()
+            await self.launch(replace(srv.spec, role=role, weight_version=srv.weight_version))
+        self.last_role_change_s = time.monotonic() - t0
+
+    # ------------------------------------------------------------------------------ generation
+    @staticmethod
+    def _body(req: GenerateRequest, stream: bool, pd: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        s = req.sampling
+        sp: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
+        if s.stop_token_ids:
+            sp["stop_token_ids"] = list(s.stop_token_ids)
+        if s.seed is not None:
+            sp["sampling_seed"] = s.seed
+        body: dict[str, Any] = {"input_ids": list(req.input_ids), "sampling_params": sp,
+                                "return_logprob": req.return_logprobs, "rid": req.rid, "stream": stream}
+        if pd:
+            body.update(pd)
+        return body
+
+    @staticmethod
+    def _absorb(srv: SglangServer, msg: dict[str, Any], st: _Stream) -> None:
+        if "error" in msg:
+            err = msg["error"]
+            raise EngineError(srv.spec.worker_id, f"generate error: {err.get('message', err) if isinstance(err, dict) else err}")
+        ids = [int(t) for t in msg.get("output_ids") or []]
+        meta = msg.get("meta_info") or {}
+        if len(ids) > len(st.tokens):
+            now = time.perf_counter()
+            st.t_first = st.t_first if st.t_first is not None else now
+            st.t_last = now
+            st.conc_sum += srv.inflight
+            st.conc_n += 1
+        if len(ids) >= len(st.tokens):
+            st.tokens = ids  # cumulative (SGLang's default streaming)
+            st.grew.set()
+        lps = meta.get("output_token_logprobs")
+        if lps is not None and len(lps) >= len(st.logprobs):
+            st.logprobs = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
+        st.prompt_tokens = int(meta.get("prompt_tokens") or st.prompt_tokens)
+        st.cached_tokens = int(meta.get("cached_tokens") or st.cached_tokens)
+        if meta.get("weight_version") is not None:
+            st.version = str(meta["weight_version"])
+        fr = meta.get("finish_reason")
+        if fr:
+            st.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
+
+    async def _read(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> None:
+        async with self._session().post(f"{srv.url}/generate", json=body) as r:
+            if r.status != 200:
+                raise EngineError(srv.spec.worker_id, f"/generate -> HTTP {r.status}: {(await r.text())[:500]}")
+            if not body["stream"]:
+                self._absorb(srv, await r.json(), st)
+                return
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                self._absorb(srv, json.loads(data), st)
+
+    async def _run(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> bool:
+        """True if the stream ended normally, False if the engine stopped the server meanwhile."""
+        srv.inflight += 1
+        rid = str(body["rid"])
+        self._live[rid] = st
+        self._live_changed.set()
+        try:
+            await race_death(srv, self._read(srv, body, st), "generation")
+            return True
+        except EngineDeadError:
+            if srv.stopping:
+                return False
+            raise
+        except asyncio.CancelledError:
+            if srv.alive:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wait_for(
+                        self._call(srv, "POST", "/abort_request", {"rid": body["rid"]}), 5))
+            raise
+        finally:
+            srv.inflight -= 1
+            self._live.pop(rid, None)
+            st.grew.set()
+
+    async def wait_tokens(self, rid: str, n: int) -> int:
+        """Wait until request ``rid`` has streamed ``n`` tokens or ended (see ``VllmEngine.wait_tokens``)."""
+        while True:
+            st = self._live.get(rid)
+            if st is None:
+                self._live_changed.clear()
+                await self._live_changed.wait()
+                continue
+            if len(st.tokens) >= n or rid not in self._live:
+                return len(st.tokens)
+            st.grew.clear()
+            await st.grew.wait()
+            if rid not in self._live:
+                return len(st.tokens)
+
+    def _result(self, req: GenerateRequest, st: _Stream, srv: SglangServer, timings: RequestTimings,
+                version: int, prefill_id: str = "") -> GenerateResult:
+        finish = FINISH.get(st.finish or "", FinishReason.ABORT)
+        if st.version is not None and st.version.lstrip("-").isdigit() and finish is not FinishReason.ABORT:
+            version = int(st.version)
+        n = len(st.tokens)
+        return GenerateResult(
+            rid=req.rid, output_ids=tuple(st.tokens), logprobs=tuple(st.logprobs[:n]) if len(st.logprobs) >= n else (),
+            finish_reason=finish, weight_version=version, prompt_tokens=st.prompt_tokens or len(req.input_ids),
+            cached_tokens=st.cached_tokens, timings=timings, worker_id=prefill_id or srv.spec.worker_id,
+            decode_worker_id=srv.spec.worker_id)
+
+    @staticmethod
+    def _timings(st: _Stream, t_start: float, prefill_s: float | None = None) -> RequestTimings:
+        first = st.t_first if st.t_first is not None else time.perf_counter()
+        decode = (st.t_last - st.t_first) if st.t_first is not None and st.t_last is not None else 0.0
+        step = decode / max(len(st.tokens) - 1, 1)
+        conc = st.conc_sum / st.conc_n if st.conc_n else 1.0
+        if prefill_s is None:
+            return RequestTimings(prefill_s=first - t_start, decode_s=decode, decode_concurrency=conc)
+        return RequestTimings(prefill_s=prefill_s, transfer_s=max(first - t_start - prefill_s - step, 0.0),
+                              decode_s=decode, decode_concurrency=conc)
+
+    async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        srv = self._alive(worker_id)
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError(worker_id, f"request {req.rid}: max_new_tokens must be >= 1")
+        st, version, t0 = _Stream(), srv.weight_version, time.perf_counter()
+        try:
+            await self._run(srv, self._body(req, stream=True), st)
+        except EngineDeadError as exc:
+            exc.partial = self._result(req, replace(st, finish="abort"), srv, RequestTimings(), version)
+            raise
+        return self._result(req, st, srv, self._timings(st, t0), version)
+
+    async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
+        p, d = self._alive(prefill_id), self._alive(decode_id)
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError(decode_id, f"request {req.rid}: max_new_tokens must be >= 1")
+        pd = {"bootstrap_host": p.spec.host, "bootstrap_port": p.bootstrap_port,
+              "bootstrap_room": random.getrandbits(63)}
+        pst, st, version, t0 = _Stream(), _Stream(), d.weight_version, time.perf_counter()
+        prefill_done: list[float] = []
+
+        async def prefill() -> None:
+            await self._run(p, self._body(replace(req, rid=f"{req.rid}.p"), stream=False, pd=pd), pst)
+            prefill_done.append(time.perf_counter() - t0)
+
+        ptask = asyncio.create_task(prefill())
+        try:
+            await self._run(d, self._body(req, stream=True, pd=pd), st)
+        except EngineDeadError as exc:
+            exc.partial = self._result(req, replace(st, finish="abort"), d, RequestTimings(), version, prefill_id)
+            raise
+        except EngineError as exc:
+            raise KVTransferError(decode_id, f"request {req.rid}: decode failed ({exc}); is prefill {prefill_id} "
+                                  "reachable on its bootstrap port?",
+                                  partial=self._result(req, replace(st, finish="abort"), d, RequestTimings(),
+                                                       version, prefill_id)) from exc
+        finally:
+            with contextlib.suppress(asyncio.CancelledError, EngineError):
+                await asyncio.wait_for(ptask, 30)
+        return self._result(req, st, d, self._timings(st, t0, prefill_done[0] if prefill_done else 0.0), version,
+                            prefill_id)

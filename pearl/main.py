@@ -1,0 +1,255 @@
+"""``torchrun --nnodes N --nproc-per-node 1 ... pearl/main.py --config C``: one PEARL process per node.
+
+Every rank (one asyncio process on uvloop) hosts a **node agent** (``pearl.runtime.node_agent``)
+that launches and stops this node's engine servers and trainer ranks on the controller's command
+and reports their health. **Rank 0** also hosts the controller, the admin API and the observer
+(``pearl.serve.Service``) with a ``RemoteEngine`` over all agents.
+
+Start-up (the torchrun environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``; two plain processes with these variables work the same)::
+
+    1. init the torch.distributed process group (gloo on CPU; it carries tensors only) and check it
+       with one all_reduce (sum of ones == WORLD_SIZE);
+    2. rendezvous through the group's TCP store (key prefix ``pearl/``): rank 0 publishes a fresh
+       internal token for the agents, every rank publishes its agent's URL;
+    3. rank 0 builds the ``RemoteEngine`` (GPU -> node from the cluster table: node ``node<r>`` is
+       rank ``r``) and starts the service; the other ranks serve their agent.
+
+Shutdown (SIGTERM / SIGINT on any rank, or the run finishing on rank 0)::
+
+    rank 0:  service.stop()  (stop dispatch, abort in-flight requests keeping partial outputs,
+                              journal them, stop the trainer, write the report)
+             -> POST /agent/v1/shutdown to every other agent -> close its own agent
+    rank r:  on /shutdown or a signal -> close the agent (stop engine servers and children)
+    all:     gloo barrier (bounded) -> destroy the process group -> exit 0
+
+Controller <-> agents talk HTTP (aiohttp); torch.distributed is never used for control messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by torchrun: make `pearl` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp
+
+from pearl.admin.security import is_loopback
+from pearl.config import RunConfig, load_config
+from pearl.core.state import ClusterState, Gpu, Zone
+from pearl.obs.logs import setup_logging
+from pearl.runtime.node_agent import AgentClient, NodeAgent, RemoteEngine
+
+log = logging.getLogger("pearl.main")
+
+STORE_PREFIX = "pearl/"
+_BARRIER_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @staticmethod
+    def from_environ(env: dict[str, str] | None = None) -> DistEnv:
+        e = dict(os.environ if env is None else env)
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in e]
+        if missing:
+            raise SystemExit(
+                f"pearl/main.py: missing {', '.join(missing)}; start it with torchrun "
+                "(`torchrun --nproc-per-node 1 pearl/main.py --config C`) or use `python -m pearl serve`"
+            )
+        return DistEnv(int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", "0")),
+                       e["MASTER_ADDR"], int(e["MASTER_PORT"]))
+
+    @property
+    def node(self) -> str:
+        return f"node{self.rank}"
+
+
+def init_group(env: DistEnv) -> object:
+    """Init gloo, check it with one all_reduce, and return a store client for the rendezvous."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://", rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=300))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if int(t.item()) != env.world_size:
+        raise RuntimeError(f"gloo all_reduce gave {t.item()}, expected world size {env.world_size}")
+    store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,  # type: ignore[attr-defined]
+                          timeout=timedelta(seconds=300))
+    return dist.PrefixStore(STORE_PREFIX, store)  # type: ignore[attr-defined]
+
+
+def placed_state(cfg: RunConfig, world_size: int) -> ClusterState:
+    """The initial table with GPUs placed on the ranks' nodes: reserved GPUs ``r0..`` then training
+    GPUs ``t0..``, ``cluster.gpus_per_node`` per node, node ``node<k>`` = rank ``k``. Preemptible GPUs
+    arrive by grants that name their node (one of ``node0..node<WORLD_SIZE-1>``)."""
+    per = cfg.cluster.gpus_per_node
+    ids = [(f"r{i}", Zone.RESERVED) for i in range(cfg.cluster.reserved_gpus)]
+    ids += [(f"t{i}", Zone.OVERLAP) for i in range(cfg.cluster.training_gpus)]
+    nodes_needed = -(-len(ids) // per)
+    if nodes_needed > world_size:
+        raise SystemExit(
+            f"{len(ids)} reserved + training GPUs at cluster.gpus_per_node={per} need {nodes_needed} nodes, "
+            f"but WORLD_SIZE={world_size}; start more ranks or raise gpus_per_node"
+        )
+    return ClusterState.build(Gpu(g, zone, f"node{k // per}") for k, (g, zone) in enumerate(ids))
+
+
+def _agent_host(env: DistEnv) -> tuple[str, str]:
+    """(bind address, advertised host) of this rank's agent."""
+    host = os.environ.get("PEARL_AGENT_HOST")
+    if host:
+        return host, host
+    if is_loopback(env.master_addr):
+        return "127.0.0.1", "127.0.0.1"
+    return "0.0.0.0", socket.getfqdn()
+
+
+async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.Namespace) -> int:
+    from pearl.runtime.clock import LoopClock
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    clock = LoopClock()
+    run_dir = Path(cfg.output_dir)
+    if env.rank == 0:
+        token = secrets.token_urlsafe(32)
+        await asyncio.to_thread(store.set, "agent_token", token)  # type: ignore[attr-defined]
+    else:
+        token = (await asyncio.to_thread(store.get, "agent_token")).decode()  # type: ignore[attr-defined]
+    bind, advertised = _agent_host(env)
+    from pearl.serve import make_local_engine
+
+    engine = make_local_engine(cfg, clock, run_dir / env.node)
+    agent = NodeAgent(env.node, env.rank, engine, token, host=bind, port=cfg.admin.agent_port,
+                      log_dir=str(run_dir / env.node / "logs"))
+    await agent.start()
+    url = f"http://{advertised}:{agent.port}"
+    await asyncio.to_thread(store.set, f"agent/{env.rank}", url)  # type: ignore[attr-defined]
+    rc = 0
+    try:
+        if env.rank == 0:
+            rc = await _run_controller(cfg, env, store, token, clock, stop, args)
+        else:
+            waiter = asyncio.ensure_future(agent.shutdown_requested.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for f in (waiter, stopper):
+                    f.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await f
+            log.info("rank %d: shutting down (%s)", env.rank,
+                     "controller asked" if agent.shutdown_requested.is_set() else "signal")
+    finally:
+        await agent.close()
+    return rc
+
+
+async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: str, clock: object,
+                          stop: asyncio.Event, args: argparse.Namespace) -> int:
+    from pearl.serve import Service
+
+    urls = {}
+    for r in range(env.world_size):
+        urls[f"node{r}"] = (await asyncio.to_thread(store.get, f"agent/{r}")).decode()  # type: ignore[attr-defined]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as http:
+        clients = {n: AgentClient(u, token, http) for n, u in urls.items()}
+        for n, c in clients.items():
+            h = await c.health()
+            log.info("agent %s at %s: healthy (rank %s)", n, c.url, h["rank"])
+
+        async def nodes() -> list[dict[str, object]]:
+            out: list[dict[str, object]] = []
+            for n, c in clients.items():
+                try:
+                    h = await asyncio.wait_for(c.health(), 5.0)
+                    out.append({**h, "healthy": all(h.get("workers", {}).values())})
+                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                    out.append({"node": n, "healthy": False, "error": f"{type(e).__name__}: {e}"[:300]})
+            return out
+
+        service = Service(cfg, clock, engine_factory=lambda node_of: RemoteEngine(clients, node_of),  # type: ignore[arg-type]
+                          host=args.host, port=args.port, nodes=nodes, live=args.live, journal=not args.no_journal,
+                          initial_state=placed_state(cfg, env.world_size))
+        await service.start()
+        assert service.admin is not None
+        log.info("PEARL serving on %d node(s): admin API %s", env.world_size, service.admin.url)
+        try:
+            await service.run(stop)
+        finally:
+            await service.stop()
+            for n, c in clients.items():
+                if n != env.node:
+                    with contextlib.suppress(aiohttp.ClientError, RuntimeError, OSError):
+                        await c.shutdown()
+    return 0
+
+
+def _finish_group(env: DistEnv) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(RuntimeError):
+        work = dist.barrier(async_op=True)
+        if work is not None:
+            work.wait(timeout=timedelta(seconds=_BARRIER_TIMEOUT_S))
+    with contextlib.suppress(RuntimeError):
+        dist.destroy_process_group()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="pearl/main.py", description="PEARL, one process per node (torchrun)")
+    ap.add_argument("--config", required=True, help="run config YAML (or a name in configs/)")
+    ap.add_argument("--host", default=None, help="admin API host on rank 0 (default: admin.host)")
+    ap.add_argument("--port", type=int, default=None, help="admin API port on rank 0 (default: admin.port)")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-json", action="store_true", help="logs as JSON lines (also admin.log_json)")
+    ap.add_argument("--live", action="store_true", help="live progress panel on rank 0's stderr")
+    ap.add_argument("--no-journal", action="store_true", help="no durable journal on rank 0")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_config(args.config)
+    env = DistEnv.from_environ()
+    secrets_ = [s for s in (cfg.admin.token, os.environ.get("PEARL_ADMIN_TOKEN")) if s]
+    setup_logging(args.log_level, json_lines=args.log_json or cfg.admin.log_json, secrets=secrets_)
+    store = init_group(env)
+    try:
+        import uvloop
+
+        rc = uvloop.run(run_rank(cfg, env, store, args))
+    finally:
+        _finish_group(env)
+    log.info("rank %d: exit %d", env.rank, rc)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

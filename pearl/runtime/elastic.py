@@ -1,0 +1,559 @@
+"""Elastic Scheduler (paper Sec. 4.1.2): one event queue -> decide -> plan -> execute.
+
+Every elastic event (admin API, trace replayer, trainer, tracker) enters ``submit``; one owner
+task (``run``) handles them in arrival order, so decisions never interleave. Each handler is
+observe -> decide -> act:
+
+================  ==============================================================================
+event             handling
+================  ==============================================================================
+GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_preemptible`` is off);
+                  expansion gate (``expansion_gate``: predicted makespan now vs with the new
+                  workers, expected GPU lifetime, EMA costs); admitted -> the Rebuilder prepares
+                  the group in the background; declined GPUs stay idle and are reconsidered on the
+                  next profile refit
+(expansion ready) internal: stage the group, re-plan with it (decide -> plan -> execute role
+                  changes), then admit every member at once
+(worker failed)   internal, from the pipeline: remove the worker from the state, re-plan (a free
+                  reserved GPU gets a new worker through a background expansion)
+ReclaimNotice     urgent: a timer starts the shrink at ``deadline - shrink_margin_s`` (at once if
+                  that has passed); the shrink runs *outside* the queue so a long handler cannot
+                  delay it; then a re-plan of the survivors is queued
+NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
+TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); the submitter's
+                  ``wait`` resolves as soon as the GPUs are back; then survivors are re-planned
+TrainingFinished  borrow gate (``borrow_gate``: window = ``expected_idle_s`` or the predicted
+                  remaining batch time); admitted -> lend + re-plan (ACTIVATE retained workers)
+ProfileRefit      re-plan with the refit profiles (the decision engine's hysteresis decides whether
+                  the mode / ratio changes) and reconsider declined preemptible GPUs
+================  ==============================================================================
+
+Re-plan (``replan``): the rollout budget is every GPU rollout may use now (GPUs of existing
+workers, free reserved GPUs, lent overlap GPUs; not preemptible GPUs that were declined or are
+still preparing); ``decide(n_slots, B, hw, wl, policy, current)`` picks the target (policy
+overrides: ``allocation_overrides[n]`` replaces the decision; ``force_disaggregation`` takes the
+best feasible split); ``plan`` gives the minimal-change steps; the executor runs them; ADD steps
+become a background expansion group.
+
+Idempotency: an ``event_id`` is applied at most once (a repeat returns ``duplicate=True``).
+Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
+Reconfigurations are counted by kind in ``reconfigurations``.
+
+Public names: ``ElasticScheduler``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pearl.config import RunConfig
+from pearl.core.decision import Allocation, Decision, DecisionError, Mode, decide
+from pearl.core.events import (
+    ElasticEvent,
+    GpusGranted,
+    NoticeCancelled,
+    ProfileRefit,
+    ReclaimNotice,
+    TrainingFinished,
+    TrainingStarted,
+)
+from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate
+from pearl.core.planner import PlanError, StepKind, free_groups, plan
+from pearl.core.state import Gpu, WorkerStatus, Zone
+from pearl.runtime.clock import Clock
+from pearl.runtime.control import SubmitResult, UnknownResourceError
+from pearl.runtime.executor import ExecutionReport, PlanExecutor
+from pearl.runtime.pipeline import PipelineScheduler
+from pearl.runtime.rebuilder import ClusterRebuilder, ExpansionGroup, GroupStatus
+from pearl.runtime.toggle import ToggleManager
+from pearl.runtime.tracker import RuntimeTracker
+
+
+@dataclass(frozen=True, slots=True)
+class _ExpansionDone:
+    """Internal event: an expansion group finished preparing (ready or failed)."""
+
+    group_id: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Replan:
+    """Internal event: re-plan after something outside the queue changed the state (a shrink)."""
+
+    reason: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerFailed:
+    """Internal event: a worker died or failed to load weights; remove it and re-plan."""
+
+    worker_id: str
+    reason: str
+    event_id: str = ""
+
+
+@dataclass
+class _Notice:
+    notice_id: str
+    gpus: tuple[str, ...]
+    deadline: float
+    timer: asyncio.Task[None] | None = None
+    started: bool = False
+
+
+class ElasticScheduler:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        clock: Clock,
+        executor: PlanExecutor,
+        rebuilder: ClusterRebuilder,
+        toggle: ToggleManager,
+        tracker: RuntimeTracker,
+        pipeline: PipelineScheduler,
+        *,
+        shrink_margin_s: float = 5.0,
+        expected_lifetime_s: float = 1800.0,
+        history_limit: int = 2000,
+    ) -> None:
+        self.cfg = cfg
+        self.policy = cfg.policy
+        self.clock = clock
+        self.executor = executor
+        self.rebuilder = rebuilder
+        self.toggle = toggle
+        self.tracker = tracker
+        self.pipeline = pipeline
+        self.shrink_margin_s = shrink_margin_s
+        self.expected_lifetime_s = expected_lifetime_s  # EMA of observed preemptible lifetimes
+        self.costs = CostModel(cfg.policy.initial_activation_s, cfg.policy.initial_deactivation_s,
+                               cfg.policy.initial_expansion_prep_s, cfg.policy.initial_expansion_final_s,
+                               cfg.policy.cost_ema_alpha)
+        self.decision: Decision | None = None
+        self.allocation: Allocation | None = None
+        self.history: deque[dict[str, Any]] = deque(maxlen=history_limit)
+        self.reconfigurations: Counter[str] = Counter()
+        self.training = False
+        self.granted_at: dict[str, float] = {}
+        self.notices: dict[str, _Notice] = {}
+        self.shrinks: list[dict[str, Any]] = []
+        self.gate_log: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+        self._queue: asyncio.Queue[tuple[object, asyncio.Future[None] | None]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._pending = 0
+        self._idle = asyncio.Event()
+        self._timers: set[asyncio.Task[None]] = set()
+        self.rebuilder.on_ready = self._on_group_ready
+        self.batch_started_at: Callable[[], float] = lambda: self.pipeline.stats.batch_started_at
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="elastic-scheduler")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._timers) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        self._timers.clear()
+
+    async def run(self) -> None:
+        while True:
+            ev, done = await self._queue.get()
+            try:
+                await self._handle(ev, done)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a failed handler must not kill the scheduler
+                self.reconfigurations["handler_errors"] += 1
+                self._log("error", event=_describe(ev), error=f"{type(e).__name__}: {e}")
+            finally:
+                if done is not None and not done.done():
+                    done.set_result(None)
+                self._pending -= 1
+                if not self._pending:
+                    self._idle.set()
+                    self._idle = asyncio.Event()
+
+    async def idle(self) -> None:
+        """Wait until every queued event has been handled (tests, shutdown)."""
+        while self._pending:
+            await self._idle.wait()
+
+    # ------------------------------------------------------------------ submission
+    async def submit(self, event: ElasticEvent, wait: bool = False) -> SubmitResult:
+        """Validate and queue ``event``; with ``wait`` return once it has been handled (for
+        ``TrainingStarted``: once the borrowed GPUs are back)."""
+        eid = event.event_id
+        if eid and eid in self._seen:
+            return SubmitResult(applied=False, duplicate=True, event_id=eid, detail="event id already applied")
+        detail = self._validate(event)
+        if eid:
+            self._seen.add(eid)
+        done: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if wait else None
+        self._put(event, done)
+        if done is not None:
+            await done
+        return SubmitResult(applied=True, event_id=eid, detail=detail)
+
+    def _put(self, ev: object, done: asyncio.Future[None] | None = None) -> None:
+        self._pending += 1
+        self._queue.put_nowait((ev, done))
+
+    def _validate(self, ev: ElasticEvent) -> str:
+        state = self.executor.state
+        if isinstance(ev, GpusGranted):
+            if not ev.gpus:
+                raise ValueError("gpus: a grant must name at least one GPU")
+            dup = [g.gpu_id for g in ev.gpus if g.gpu_id in state.gpus]
+            if dup:
+                raise ValueError(f"gpus: {dup} are already in the cluster; grant new GPU ids")
+            return f"{len(ev.gpus)} GPUs granted"
+        if isinstance(ev, ReclaimNotice):
+            if not ev.gpu_ids:
+                raise ValueError("gpu_ids: a reclaim notice must name at least one GPU")
+            for g in ev.gpu_ids:
+                if g not in state.gpus and g not in self.rebuilder.preparing_gpus():
+                    raise UnknownResourceError("GPU", g)
+                if g in state.gpus and state.gpus[g].zone is not Zone.PREEMPTIBLE:
+                    raise ValueError(f"gpu_ids: {g} is a {state.gpus[g].zone.value} GPU; only preemptible "
+                                     "GPUs can be reclaimed")
+            if not math.isfinite(ev.deadline):
+                raise ValueError(f"deadline: {ev.deadline} is not a finite clock time")
+            return f"shrink of {len(ev.gpu_ids)} GPUs due by t={ev.deadline:.1f}"
+        if isinstance(ev, NoticeCancelled):
+            if ev.notice_id not in self.notices:
+                raise UnknownResourceError("notice", ev.notice_id)
+            return "notice cancellation queued"
+        return ""
+
+    # ------------------------------------------------------------------ dispatch
+    async def _handle(self, ev: object, done: asyncio.Future[None] | None) -> None:
+        if isinstance(ev, GpusGranted):
+            await self._on_grant(ev)
+        elif isinstance(ev, ReclaimNotice):
+            self._on_notice(ev)
+        elif isinstance(ev, NoticeCancelled):
+            self._on_cancel(ev)
+        elif isinstance(ev, TrainingStarted):
+            await self._on_training_started(ev, done)
+        elif isinstance(ev, TrainingFinished):
+            await self._on_training_finished(ev)
+        elif isinstance(ev, ProfileRefit):
+            await self.replan(f"profile refit after rollout step {ev.step}")
+            await self._consider_expansion("profile refit")
+        elif isinstance(ev, _ExpansionDone):
+            await self._on_group_done(ev)
+        elif isinstance(ev, _Replan):
+            await self.replan(ev.reason)
+        elif isinstance(ev, _WorkerFailed):
+            await self._on_worker_failed(ev)
+
+    # ------------------------------------------------------------------ budget and decisions
+    def budget(self) -> frozenset[str]:
+        """GPUs rollout may use now (module docstring)."""
+        state = self.executor.state
+        out = set()
+        for g, gpu in state.gpus.items():
+            owner = state.owner_of(g)
+            if gpu.zone is Zone.OVERLAP:
+                if gpu.lent:
+                    out.add(g)
+            elif owner is not None or gpu.zone is Zone.RESERVED:
+                out.add(g)
+        return frozenset(out)
+
+    def slots(self, budget: frozenset[str]) -> int:
+        state = self.executor.state
+        live = sum(1 for w in state.workers.values() if all(g in budget for g in w.gpus))
+        return live + len(free_groups(state, budget, self.cfg.cluster.tp_size))
+
+    def decide(self, n: int, current: Allocation | None) -> Decision:
+        d = decide(n, self.cfg.workload.batch_size, self.tracker.hardware, self.tracker.workload, self.policy,
+                   current)
+        override = self.policy.allocation_overrides.get(n)
+        if override is not None:
+            target = Allocation.parse(override, n)
+            idx = d.table.index_of(target)
+            ms = d.table.candidate(idx).makespan_s if idx is not None else float("nan")
+            return replace(d, target=target, predicted_makespan_s=ms, switched=target != current, forced=False,
+                           reason=f"override: allocation_overrides[{n}] = {override}")
+        if self.policy.force_disaggregation and d.target.mode is Mode.COLOCATED:
+            splits = [c for c in d.candidates if c.allocation.mode is Mode.DISAGGREGATED and c.feasible]
+            if splits:
+                best = min(splits, key=lambda c: c.makespan_s)
+                return replace(d, target=best.allocation, predicted_makespan_s=best.makespan_s,
+                               switched=best.allocation != current,
+                               reason=f"forced disaggregation: best feasible split {best.allocation.label}")
+        return d
+
+    def predicted(self, n: int) -> float:
+        if n < 1:
+            return math.inf
+        return self.decide(n, None).predicted_makespan_s
+
+    def remaining_s(self) -> float:
+        """Predicted remaining time of the running batch at the current speed::
+
+            R = M - elapsed                 while the batch runs within its prediction M
+            R = (running / B) * M           once it has overrun it (the tail: a fraction of the
+                                            batch is still running; assume it needs that fraction
+                                            of a batch time)
+        """
+        ms = self.decision.predicted_makespan_s if self.decision is not None else 0.0
+        if not math.isfinite(ms) or ms <= 0:
+            return 0.0
+        left = ms - (self.clock.now() - self.batch_started_at())
+        if left > 0:
+            return left
+        return self.pipeline.remaining_trajectories() / max(self.cfg.workload.batch_size, 1) * ms
+
+    async def replan(self, reason: str) -> ExecutionReport | None:
+        budget = self.budget()
+        n = self.slots(budget)
+        state = self.executor.state
+        if n < 1:
+            rep = ExecutionReport()
+            gone = [w for w, wk in state.workers.items() if not all(g in budget for g in wk.gpus)
+                    and wk.status is not WorkerStatus.INACTIVE]
+            await asyncio.gather(*(self.executor.remove(w, rep) if state.zone_of(state.workers[w]) is not Zone.OVERLAP
+                                   else self.executor.deactivate(w, rep) for w in gone))
+            self._log("replan", reason=reason, detail="no rollout GPU in the budget: nothing to decide")
+            self.allocation = None
+            return rep
+        try:
+            d = self.decide(n, self.allocation)
+            p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
+        except (DecisionError, PlanError) as e:
+            self._log("replan", reason=reason, error=str(e))
+            return None
+        if self.allocation is not None and d.target != self.allocation:
+            if d.target.mode is not self.allocation.mode:
+                self.reconfigurations["mode_switch"] += 1
+            elif d.target.n_workers == self.allocation.n_workers:
+                self.reconfigurations["ratio_switch"] += 1
+        self.decision = d
+        self.allocation = d.target
+        # A GPU whose worker is still being prepared by an expansion group is not free: that group
+        # provides it (a second ADD there would launch two servers on one GPU).
+        preparing = self.rebuilder.preparing_gpus()
+        adds = [s for s in p.of_kind(StepKind.ADD) if not preparing.intersection(s.gpus)]
+        rep = await self.executor.execute(p)
+        if adds:
+            grp = self.rebuilder.expand({s.worker_id: (s.gpus, s.role) for s in adds})
+            self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), reason=reason)
+        for sec in rep.timings.get("activate", []):
+            self.costs = self.costs.observe(CostKind.ACTIVATION, sec)
+        self._log("replan", reason=reason, decision=d.to_dict(), plan=p.to_dict(),
+                  executed={"steps": rep.steps, "aborted_requests": rep.aborted_requests, "seconds": rep.seconds,
+                            "errors": rep.errors})
+        if rep.errors:
+            self.reconfigurations["errors"] += len(rep.errors)
+        return rep
+
+    # ------------------------------------------------------------------ inter-scale
+    async def _on_grant(self, ev: GpusGranted) -> None:
+        if not self.policy.use_preemptible:
+            self._log("grant_declined", gpus=[g.gpu_id for g in ev.gpus], reason="policy.use_preemptible is off")
+            return
+        new = [Gpu(g.gpu_id, Zone.PREEMPTIBLE, g.node, g.instance_id) for g in ev.gpus
+               if g.gpu_id not in self.executor.state.gpus]
+        if new:
+            self.executor.set_state(self.executor.state.add_gpus(new))
+        now = self.clock.now()
+        for g in new:
+            self.granted_at[g.gpu_id] = now
+        self._log("grant", gpus=[g.gpu_id for g in new])
+        await self._consider_expansion(f"grant of {len(new)} GPUs")
+
+    def _candidates(self) -> list[tuple[str, ...]]:
+        """Free preemptible GPU groups that are neither preparing nor under a reclaim notice."""
+        state = self.executor.state
+        busy = self.rebuilder.preparing_gpus() | {g for n in self.notices.values() for g in n.gpus}
+        free = [g for g in state.free_gpus([Zone.PREEMPTIBLE]) if g not in busy]
+        return free_groups(state, free, self.cfg.cluster.tp_size)
+
+    async def _consider_expansion(self, reason: str) -> None:
+        groups = self._candidates()
+        if not groups:
+            return
+        budget = self.budget()
+        n_now = self.slots(budget)
+        pending = sum(len(g.members) for g in self.rebuilder.pending())
+        n_base = n_now + pending
+        n_with = n_base + len(groups)
+        m_now, m_with = self.predicted(n_base), self.predicted(n_with)
+        gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
+                              self.costs, self.policy)
+        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
+        if not gate.admit:
+            self._log("expand_declined", reason=reason, gate=gate.to_dict(), gpus=[g for gs in groups for g in gs])
+            return
+        # roles for the new workers: the planner's ADD steps for the target on budget + new GPUs
+        target = self.decide(n_with, self.allocation).target
+        pool = budget | {g for gs in groups for g in gs} | self.rebuilder.preparing_gpus()
+        try:
+            p = plan(self.executor.state, target, pool, self.cfg.cluster.tp_size)
+        except PlanError as e:
+            self._log("expand_declined", reason=reason, error=str(e))
+            return
+        new_gpus = {g for gs in groups for g in gs}
+        members = {s.worker_id: (s.gpus, s.role) for s in p.of_kind(StepKind.ADD) if set(s.gpus) <= new_gpus}
+        if not members:
+            return
+        grp = self.rebuilder.expand(members)
+        self.reconfigurations["expansion_started"] += 1
+        self._log("expand_started", group=grp.group_id, workers=sorted(members), gate=gate.to_dict(),
+                  reason=reason)
+
+    def _on_group_ready(self, grp: ExpansionGroup) -> None:
+        self._put(_ExpansionDone(grp.group_id))
+
+    async def _on_group_done(self, ev: _ExpansionDone) -> None:
+        grp = self.rebuilder.groups.get(ev.group_id)
+        if grp is None:
+            return
+        if grp.status is GroupStatus.FAILED:
+            self.reconfigurations["expansion_failed"] += 1
+            self._log("expand_failed", group=grp.group_id, error=grp.error)
+            self._replan_later(f"expansion {grp.group_id} failed: re-plan the missing workers")
+            return
+        if grp.status is not GroupStatus.READY:
+            return
+        for sec in grp.prep_s.values():
+            self.costs = self.costs.observe(CostKind.EXPANSION_PREP, sec)
+        t0 = self.clock.now()
+        if not await self.rebuilder.stage(grp):
+            self.reconfigurations["expansion_failed"] += 1
+            self._log("expand_failed", group=grp.group_id, error=grp.error)
+            self._replan_later(f"expansion {grp.group_id} failed: re-plan the missing workers")
+            return
+        await self.replan(f"admitting expansion {grp.group_id}")
+        admitted = self.rebuilder.admit(grp)
+        final = max(grp.final_s.values(), default=0.0) + (self.clock.now() - t0)
+        self.costs = self.costs.observe(CostKind.EXPANSION_FINAL, final)
+        self.reconfigurations["expansion"] += 1
+        self._log("expand_admitted", group=grp.group_id, workers=admitted, wait_s=self.clock.now() - grp.started_at)
+
+    def _on_notice(self, ev: ReclaimNotice) -> None:
+        nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
+        notice = _Notice(nid, tuple(ev.gpu_ids), ev.deadline)
+        self.notices[nid] = notice
+        now = self.clock.now()
+        for g in ev.gpu_ids:
+            t = self.granted_at.pop(g, None)
+            if t is not None:
+                self.expected_lifetime_s += 0.3 * ((now - t) - self.expected_lifetime_s)
+        start = max(now, ev.deadline - self.shrink_margin_s)
+        task = asyncio.get_running_loop().create_task(self._shrink_at(notice, start), name=f"shrink-{nid}")
+        notice.timer = task
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+        self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
+
+    async def _shrink_at(self, notice: _Notice, start: float) -> None:
+        await self.clock.sleep_until(start)
+        notice.started = True
+        rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
+        self.notices.pop(notice.notice_id, None)
+        self.reconfigurations["shrink"] += 1
+        self.shrinks.append(rep.to_dict())
+        self._log("shrink", notice=notice.notice_id, **rep.to_dict())
+        self._put(_Replan(f"re-plan survivors after reclaim {notice.notice_id}"))
+
+    def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:
+        """A failed expansion leaves the planned topology short (e.g. a replacement prefill worker
+        that did not start: nothing could serve); re-plan after ``delay_s`` (a bounded retry rate
+        when launches keep failing). The timer is owned like the shrink timers."""
+
+        async def later() -> None:
+            await self.clock.sleep(delay_s)
+            self._put(_Replan(reason))
+
+        task = asyncio.get_running_loop().create_task(later(), name="replan-after-failure")
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
+    def worker_failed(self, worker_id: str, reason: str) -> None:
+        """A worker died or could not load weights (``PipelineScheduler.on_worker_failed``)."""
+        self._put(_WorkerFailed(worker_id, reason))
+
+    async def _on_worker_failed(self, ev: _WorkerFailed) -> None:
+        if ev.worker_id not in self.executor.state.workers:
+            return
+        rep = ExecutionReport()
+        await self.executor.remove(ev.worker_id, rep)
+        self.reconfigurations["worker_failed"] += 1
+        self._log("worker_failed", worker=ev.worker_id, reason=ev.reason[:300])
+        await self.replan(f"worker {ev.worker_id} failed: replace it")
+
+    def _on_cancel(self, ev: NoticeCancelled) -> None:
+        notice = self.notices.get(ev.notice_id)
+        if notice is None or notice.started:
+            self._log("notice_cancel_ignored", notice=ev.notice_id, reason="shrink already done")
+            return
+        if notice.timer is not None:
+            notice.timer.cancel()
+        self.notices.pop(ev.notice_id, None)
+        self._log("notice_cancelled", notice=ev.notice_id)
+
+    # ------------------------------------------------------------------ intra-scale
+    async def _on_training_started(self, ev: TrainingStarted, done: asyncio.Future[None] | None) -> None:
+        self.training = True
+        had = self.toggle.borrowed
+        rep = await self.toggle.give_back()
+        if done is not None and not done.done():
+            done.set_result(None)  # training may start: its GPUs are back
+        if had:
+            self.costs = self.costs.observe(CostKind.DEACTIVATION, rep.delay_s)
+            self.reconfigurations["return"] += 1
+            self._log("return", step=ev.step, **rep.to_dict())
+            await self.replan(f"training step {ev.step} started: borrowed GPUs returned")
+
+    async def _on_training_finished(self, ev: TrainingFinished) -> None:
+        self.training = False
+        if not self.policy.borrow_enabled or not self.toggle.overlap_gpus():
+            return
+        budget = self.budget()
+        n_now = self.slots(budget)
+        overlap = self.toggle.overlap_gpus()
+        n_with = n_now + len(overlap) // self.cfg.cluster.tp_size
+        m_now, m_with = self.predicted(n_now), self.predicted(n_with)
+        remaining = self.remaining_s()
+        window = ev.expected_idle_s if ev.expected_idle_s is not None else remaining
+        gate: GateDecision = borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
+                                         self.costs, self.policy)
+        self.gate_log.append({"t": self.clock.now(), "kind": "borrow", "step": ev.step, **gate.to_dict()})
+        if not gate.admit:
+            self._log("borrow_declined", step=ev.step, gate=gate.to_dict())
+            return
+        self.toggle.lend()
+        self.reconfigurations["borrow"] += 1
+        self._log("borrow", step=ev.step, gate=gate.to_dict())
+        await self.replan(f"training step {ev.step} finished: borrowing {len(overlap)} GPUs")
+
+    # ------------------------------------------------------------------ history
+    def _log(self, kind: str, **data: Any) -> None:
+        self.history.append({"t": self.clock.now(), "kind": kind, **data})
+
+    async def close(self) -> None:
+        await self.stop()
+        for n in list(self.notices.values()):
+            if n.timer is not None:
+                n.timer.cancel()
+        with contextlib.suppress(Exception):
+            await self.rebuilder.close()
+
+
+def _describe(ev: object) -> str:
+    return type(ev).__name__

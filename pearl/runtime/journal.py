@@ -1,0 +1,490 @@
+"""The controller's durable journal: completed trajectories, partial outputs and cluster state.
+
+Role. A PEARL controller holds hours of rollout work in memory: completed trajectories waiting for
+the trainer, partially generated responses of interrupted requests, and the GPU-worker-role table.
+The journal writes each of these to one SQLite database (WAL mode, the embedded default: no server,
+one file beside the run) as it happens, so that a controller killed with ``kill -9`` restarts
+without losing a completed trajectory or a partial output.
+
+Life cycle::
+
+    j = Journal(path)                      # opens / creates; WAL mode; schema created if missing
+    j.record_partial(tid, turn, toks, lps, v)   # an aborted request's output (kept for resumption)
+    j.record_trajectory(record)            # completed: record + drop its partials (one transaction)
+    j.record_consumed([tid, ...])          # handed to the trainer (never re-delivered)
+    j.record_state(state.to_dict())        # the GPU-worker-role table after every applied change
+    ...  kill -9  ...
+    run = Journal(path).recover()          # RecoveredRun(completed, partials, state, consumed)
+    j.close()
+
+Durability (the modelling choice, written down). Every ``record_*`` call is one SQLite transaction
+that is committed before the call returns. In WAL mode a committed transaction is in the WAL file,
+i.e. in the operating system's page cache, the moment ``COMMIT`` returns; a ``kill -9`` of the
+process cannot lose it (tested: ``tests/reliability/test_journal.py`` kills a writer with SIGKILL
+mid-stream and checks that every acknowledged write is recovered). ``synchronous="NORMAL"`` (the
+default) does not ``fsync`` on every commit, so a *power loss* may lose the last few
+transactions; pass ``synchronous="FULL"`` to pay one fsync per commit for that guarantee too.
+Calls are synchronous and take tens of microseconds (one small insert), so the runtime calls them
+on the event loop thread; a journal belongs to one thread.
+
+How the controller uses it (``Controller(..., journal=Journal(path))``, wired by ``attach``):
+
+* writes: every generation result passes ``JournaledEngine`` (the runtime's engine is wrapped)
+  and is journaled as a part of its ``(trajectory, turn)`` before the pipeline sees it - normal,
+  aborted, or the partial carried by ``EngineDeadError``; every completed trajectory
+  (``pipeline.on_trajectory_done``); every batch the trainer takes (``take_batch`` ->
+  ``record_consumed``); every state change (``executor.listeners`` -> ``record_state``).
+* restart (a controller built on an existing journal):
+
+  1. ``recover()`` gives the last GPU table, the completed trajectories (and which were consumed)
+     and the parts of every in-flight trajectory;
+  2. the start-up table is the journaled GPUs without workers (``restart_state``: a granted
+     preemptible GPU is still ours; the servers died with the controller and are relaunched by
+     the start-up re-plan);
+  3. batches the trainer consumed are skipped (``first_unconsumed_batch``); completed but
+     unconsumed trajectories are handed on as journaled (``pipeline.recovered``), never
+     regenerated;
+  4. an in-flight trajectory is replayed: its session runs again, and each request of a turn with
+     journaled parts is answered from the journal (``JournaledEngine``: one part per attempt, the
+     unfinished ones as ``abort`` so the pipeline continues with prompt + part), so no journaled
+     token is generated again and none is lost; only the remainder is generated.
+
+Idempotence. ``record_trajectory`` of an id that is already completed is ignored (returns False):
+a trajectory is completed at most once. ``record_partial`` of a completed trajectory is ignored
+too (a late abort after completion must not resurrect it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS trajectories (
+    traj_id   TEXT PRIMARY KEY,
+    group_id  TEXT NOT NULL,
+    seq       INTEGER NOT NULL,
+    consumed  INTEGER NOT NULL DEFAULT 0,
+    body      TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS partials (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    traj_id        TEXT NOT NULL,
+    turn           INTEGER NOT NULL,
+    tokens         TEXT NOT NULL,
+    logprobs       TEXT NOT NULL,
+    weight_version INTEGER NOT NULL,
+    input_len      INTEGER NOT NULL DEFAULT -1,
+    finished       INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS partials_traj ON partials(traj_id);
+CREATE TABLE IF NOT EXISTS cluster_state (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL,
+    body    TEXT NOT NULL
+);
+"""
+
+
+class JournalError(RuntimeError):
+    """The journal file could not be opened or is not a PEARL journal; names the path and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartialOutput:
+    """One journaled response part of an in-flight trajectory (an aborted request's output)."""
+
+    traj_id: str
+    turn: int
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_version: int
+    seq: int = 0
+    input_len: int = -1  # prompt length the part was generated on (-1: unknown)
+    finished: bool = False  # the request ended normally with this part (the turn's output is complete)
+
+    def segment(self) -> Segment:
+        return Segment(
+            token_ids=self.tokens, trained=True, logprobs=self.logprobs, weight_version=self.weight_version,
+            turn=self.turn,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredRun:
+    """What a restarted controller gets back.
+
+    ``completed``: every completed trajectory in completion order; ``consumed``: the ids of those the
+    trainer already took; ``partials``: per in-flight trajectory, its parts in write order;
+    ``state``: the last journaled ``ClusterState.to_dict()`` (None if never written).
+    """
+
+    completed: tuple[TrajectoryRecord, ...]
+    partials: Mapping[str, tuple[PartialOutput, ...]]
+    state: dict[str, Any] | None
+    consumed: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def unconsumed(self) -> tuple[TrajectoryRecord, ...]:
+        """Completed trajectories the trainer has not taken yet (re-queue these, do not regenerate)."""
+        return tuple(r for r in self.completed if r.traj_id not in self.consumed)
+
+    @property
+    def partial_tokens(self) -> int:
+        return sum(len(p.tokens) for ps in self.partials.values() for p in ps)
+
+
+# ------------------------------------------------------------------------------ serialization
+def record_to_json(rec: TrajectoryRecord) -> str:
+    """``TrajectoryRecord`` -> JSON text (floats round-trip exactly; ``info`` values via ``str`` if
+    they are not JSON types)."""
+    body = {
+        "traj_id": rec.traj_id,
+        "group_id": rec.group_id,
+        "reward": rec.reward,
+        "status": rec.status.value,
+        "info": dict(rec.info),
+        "segments": [
+            {"t": list(s.token_ids), "tr": s.trained, "lp": list(s.logprobs), "v": s.weight_version, "turn": s.turn}
+            for s in rec.segments
+        ],
+    }
+    return json.dumps(body, separators=(",", ":"), default=str)
+
+
+def record_from_json(text: str) -> TrajectoryRecord:
+    d = json.loads(text)
+    return TrajectoryRecord(
+        traj_id=d["traj_id"],
+        group_id=d["group_id"],
+        segments=tuple(
+            Segment(token_ids=tuple(s["t"]), trained=s["tr"], logprobs=tuple(s["lp"]), weight_version=s["v"],
+                    turn=s["turn"])
+            for s in d["segments"]
+        ),
+        reward=d["reward"],
+        status=TrajectoryStatus(d["status"]),
+        info=MappingProxyType(d["info"]),
+    )
+
+
+# ------------------------------------------------------------------------------------ journal
+class Journal:
+    """A durable journal in one SQLite file (WAL mode). See the module docstring for the contract."""
+
+    def __init__(self, path: str | Path, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        except (OSError, sqlite3.Error) as e:
+            raise JournalError(f"cannot open journal {self.path}: {e} (check the directory exists and is writable)") from None
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise JournalError(f"journal {self.path}: SQLite refused WAL mode (got {mode!r}); use a local disk")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise JournalError(f"journal {self.path} is not a usable SQLite database ({e}); move it away or pick another path") from None
+        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories").fetchone()
+        self._seq = int(row[0])
+        self.writes = 0
+
+    # ------------------------------------------------------------------ context manager
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ writes (one transaction each)
+    def _tx(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                db.execute(sql, params)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        self.writes += 1
+
+    def record_trajectory(self, rec: TrajectoryRecord) -> bool:
+        """Journal a completed trajectory and drop its partial outputs, atomically.
+
+        Returns False (and writes nothing) if ``rec.traj_id`` is already journaled as completed."""
+        if self._db.execute("SELECT 1 FROM trajectories WHERE traj_id=?", (rec.traj_id,)).fetchone():
+            return False
+        self._seq += 1
+        self._tx(
+            [
+                ("INSERT INTO trajectories(traj_id, group_id, seq, body) VALUES (?,?,?,?)",
+                 (rec.traj_id, rec.group_id, self._seq, record_to_json(rec))),
+                ("DELETE FROM partials WHERE traj_id=?", (rec.traj_id,)),
+            ]
+        )
+        return True
+
+    def record_partial(
+        self, traj_id: str, turn: int, tokens: Sequence[int], logprobs: Sequence[float], weight_version: int,
+        *, input_len: int = -1, finished: bool = False,
+    ) -> bool:
+        """Journal one response part of an in-flight trajectory (``finished``: the request ended
+        normally, the turn's output is complete). Ignored (False) if the trajectory is already
+        completed or the part is empty and unfinished."""
+        if len(tokens) != len(logprobs):
+            raise ValueError(f"partial of {traj_id!r} turn {turn}: {len(tokens)} tokens but {len(logprobs)} logprobs")
+        if not tokens and not finished:
+            return False
+        if self._db.execute("SELECT 1 FROM trajectories WHERE traj_id=?", (traj_id,)).fetchone():
+            return False
+        self._tx(
+            [
+                ("INSERT INTO partials(traj_id, turn, tokens, logprobs, weight_version, input_len, finished) "
+                 "VALUES (?,?,?,?,?,?,?)",
+                 (traj_id, int(turn), json.dumps([int(t) for t in tokens]),
+                  json.dumps([float(x) for x in logprobs]), int(weight_version), int(input_len), int(finished))),
+            ]
+        )
+        return True
+
+    def drop_partials(self, traj_id: str) -> None:
+        """Forget the partials of a trajectory that failed (it will not be resumed)."""
+        self._tx([("DELETE FROM partials WHERE traj_id=?", (traj_id,))])
+
+    def record_consumed(self, traj_ids: Iterable[str]) -> None:
+        """Mark completed trajectories as handed to the trainer (they are never re-delivered)."""
+        ids = [(t,) for t in traj_ids]
+        if not ids:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("UPDATE trajectories SET consumed=1 WHERE traj_id=?", ids)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        self.writes += 1
+
+    def record_state(self, state: Mapping[str, Any]) -> None:
+        """Journal the GPU-worker-role table (``ClusterState.to_dict()``); only the latest is kept."""
+        version = state.get("version", 0)
+        self._tx(
+            [
+                ("INSERT INTO cluster_state(id, version, body) VALUES (1,?,?) "
+                 "ON CONFLICT(id) DO UPDATE SET version=excluded.version, body=excluded.body",
+                 (int(version) if isinstance(version, int) else 0, json.dumps(state, default=str))),
+            ]
+        )
+
+    # ------------------------------------------------------------------ reads
+    def completed(self) -> tuple[TrajectoryRecord, ...]:
+        """Every journaled completed trajectory, in completion order."""
+        rows = self._db.execute("SELECT body FROM trajectories ORDER BY seq").fetchall()
+        return tuple(record_from_json(b) for (b,) in rows)
+
+    def completed_ids(self) -> frozenset[str]:
+        return frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories"))
+
+    def partials(self) -> dict[str, tuple[PartialOutput, ...]]:
+        out: dict[str, list[PartialOutput]] = {}
+        for seq, tid, turn, toks, lps, v, n_in, fin in self._db.execute(
+            "SELECT seq, traj_id, turn, tokens, logprobs, weight_version, input_len, finished FROM partials ORDER BY seq"
+        ):
+            out.setdefault(tid, []).append(
+                PartialOutput(tid, turn, tuple(json.loads(toks)), tuple(json.loads(lps)), v, seq, n_in, bool(fin))
+            )
+        return {k: tuple(v) for k, v in out.items()}
+
+    def state(self) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT body FROM cluster_state WHERE id=1").fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def recover(self) -> RecoveredRun:
+        """Everything a restarted controller needs (one consistent read transaction)."""
+        self._db.execute("BEGIN")
+        try:
+            completed = self.completed()
+            consumed = frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories WHERE consumed=1"))
+            partials = self.partials()
+            state = self.state()
+        finally:
+            self._db.execute("COMMIT")
+        return RecoveredRun(completed, MappingProxyType(partials), state, consumed)
+
+    def counts(self) -> dict[str, int]:
+        """Row counts (for reports): completed, consumed, partials, partial_tokens, in_flight."""
+        c = self._db.execute("SELECT COUNT(*), COALESCE(SUM(consumed),0) FROM trajectories").fetchone()
+        p = self._db.execute("SELECT COUNT(*), COUNT(DISTINCT traj_id) FROM partials").fetchone()
+        toks = sum(len(json.loads(t)) for (t,) in self._db.execute("SELECT tokens FROM partials"))
+        return {"completed": int(c[0]), "consumed": int(c[1]), "partials": int(p[0]), "in_flight": int(p[1]),
+                "partial_tokens": toks}
+
+
+# ------------------------------------------------------------------------------ restart wiring
+class JournaledEngine:
+    """Journals every generation result at the engine boundary and replays recovered parts.
+
+    Every result the runtime receives (normal, aborted, or the partial carried by
+    ``EngineDeadError`` / ``KVTransferError``) is written with ``record_partial`` before the runtime
+    sees it. After a restart, a request for turn ``k`` of a trajectory whose parts were journaled
+    is answered from the journal, one part per attempt and in order, as long as the request's
+    prompt length is the one the part was generated on: an unfinished part comes back with
+    ``finish_reason=abort`` (the pipeline then sends the continuation: prompt + part, remaining
+    budget), the finished one with ``length``. So a restarted trajectory replays its journaled
+    tokens (with their logprobs and weight versions) and generates only what was never generated.
+    A length mismatch (the context diverged, e.g. a non-deterministic environment) drops that
+    turn's replay and generates afresh.
+    """
+
+    def __init__(self, inner: Any, journal: Journal, partials: Mapping[str, Sequence[PartialOutput]]) -> None:
+        self.inner = inner
+        self.journal = journal
+        self._replay: dict[str, list[PartialOutput]] = {}
+        for ps in partials.values():
+            for p in ps:
+                self._replay.setdefault(f"{p.traj_id}/{p.turn}", []).append(p)
+        self.replayed_parts = 0
+        self.replayed_tokens = 0
+        self.replay_mismatches = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def _key(rid: str) -> tuple[str, str, int] | None:
+        conv = rid.split("#", 1)[0]
+        traj, _, turn = conv.rpartition("/")
+        return (conv, traj, int(turn)) if traj and turn.isdigit() else None
+
+    def _replayed(self, worker_id: str, req: Any) -> Any:
+        from pearl.engines.base import FinishReason, GenerateResult
+
+        key = self._key(req.rid)
+        if key is None:
+            return None
+        queue = self._replay.get(key[0])
+        if not queue:
+            return None
+        p = queue[0]
+        if p.input_len not in (-1, len(req.input_ids)) or len(p.tokens) > req.sampling.max_new_tokens:
+            self.replay_mismatches += 1
+            self._replay.pop(key[0], None)
+            return None
+        queue.pop(0)
+        self.replayed_parts += 1
+        self.replayed_tokens += len(p.tokens)
+        return GenerateResult(rid=req.rid, output_ids=p.tokens, logprobs=p.logprobs,
+                              finish_reason=FinishReason.LENGTH if p.finished else FinishReason.ABORT,
+                              weight_version=p.weight_version, prompt_tokens=len(req.input_ids),
+                              worker_id=worker_id)
+
+    def _journal(self, req: Any, res: Any, finished: bool) -> None:
+        key = self._key(req.rid)
+        if key is not None and res is not None:
+            self.journal.record_partial(key[1], key[2], res.output_ids, res.logprobs, res.weight_version,
+                                        input_len=len(req.input_ids), finished=finished)
+
+    async def _call(self, worker_id: str, req: Any, call: Any) -> Any:
+        from pearl.engines.base import EngineDeadError, FinishReason, KVTransferError
+
+        res = self._replayed(worker_id, req)
+        if res is not None:
+            return res
+        try:
+            res = await call()
+        except (EngineDeadError, KVTransferError) as e:
+            self._journal(req, e.partial, False)
+            raise
+        self._journal(req, res, res.finish_reason is not FinishReason.ABORT)
+        return res
+
+    async def generate(self, worker_id: str, req: Any) -> Any:
+        return await self._call(worker_id, req, lambda: self.inner.generate(worker_id, req))
+
+    async def generate_pd(self, prefill_id: str, decode_id: str, req: Any) -> Any:
+        return await self._call(prefill_id, req, lambda: self.inner.generate_pd(prefill_id, decode_id, req))
+
+    # the rest of the InferenceEngine contract, delegated as is
+    async def launch(self, spec: Any) -> None:
+        await self.inner.launch(spec)
+
+    async def stop(self, worker_id: str) -> None:
+        await self.inner.stop(worker_id)
+
+    async def healthy(self, worker_id: str) -> bool:
+        return bool(await self.inner.healthy(worker_id))
+
+    async def abort(self, worker_id: str, rid: str | None = None) -> None:
+        await self.inner.abort(worker_id, rid)
+
+    async def pause(self, worker_id: str) -> None:
+        await self.inner.pause(worker_id)
+
+    async def resume(self, worker_id: str) -> None:
+        await self.inner.resume(worker_id)
+
+    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
+        await self.inner.load_weights(worker_id, path, version)
+
+    async def weight_version(self, worker_id: str) -> int:
+        return int(await self.inner.weight_version(worker_id))
+
+    async def release_memory(self, worker_id: str) -> None:
+        await self.inner.release_memory(worker_id)
+
+    async def resume_memory(self, worker_id: str) -> None:
+        await self.inner.resume_memory(worker_id)
+
+    async def set_role(self, worker_id: str, role: Any) -> None:
+        await self.inner.set_role(worker_id, role)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def restart_state(journaled: Mapping[str, Any]) -> Any:
+    """The cluster a restarted controller starts from: every GPU of the journaled table (a
+    preemptible GPU granted before the crash is still ours: the cloud will not grant it again),
+    no workers (their servers died with the controller; the start-up re-plan launches new ones),
+    nothing lent (the trainer re-lends after its next step)."""
+    from pearl.core.state import ClusterState, Gpu
+
+    st = ClusterState.from_dict(journaled)
+    return ClusterState.build([Gpu(g.gpu_id, g.zone, g.node, g.instance_id, False) for g in st.gpus.values()])
+
+
+def first_unconsumed_batch(consumed: Iterable[str], batch_size: int) -> int:
+    """The first rollout batch ``r`` whose ``batch_size`` trajectories (ids ``b<r>-g<g>-s<s>``)
+    were not all consumed by the trainer; batches before it are never run again."""
+    per: dict[int, int] = {}
+    for tid in consumed:
+        head = tid.split("-", 1)[0]
+        if head.startswith("b") and head[1:].isdigit():
+            per[int(head[1:])] = per.get(int(head[1:]), 0) + 1
+    r = 0
+    while per.get(r, 0) >= batch_size:
+        r += 1
+    return r
+
+
+def attach(journal: Journal, ctrl: Any, run: RecoveredRun) -> None:
+    """Wire ``journal`` into a controller: state changes, completions; restore the recovered run."""
+    ctrl.executor.listeners.append(lambda st: journal.record_state(st.to_dict()))
+    journal.record_state(ctrl.executor.state.to_dict())
+    ctrl.pipeline.on_trajectory_done = journal.record_trajectory
+    ctrl.pipeline.recovered = {r.traj_id: r for r in run.unconsumed}
+    ctrl.pipeline.first_batch = first_unconsumed_batch(run.consumed, ctrl.pipeline.batch_size)

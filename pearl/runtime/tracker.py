@@ -1,0 +1,50 @@
+"""Runtime Tracker (paper Sec. 4.1.1, 5): request telemetry in, refit profiles out.
+
+Life cycle: the Pipeline Scheduler calls ``record`` once per finished turn (all attempts of an
+interrupted turn folded into one ``TelemetryRecord``); after each rollout step the controller
+calls ``refit``, which fits the current window with ``pearl.core.profile.fit_hardware`` /
+``fit_workload`` (EMA weight ``alpha`` = ``PolicySpec.profile_ema_alpha``), makes the result the
+current profiles, clears the window and returns them. The decision engine reads ``hardware`` and
+``workload``. Pure bookkeeping: no clock, no tasks.
+"""
+
+from __future__ import annotations
+
+from pearl.core.profile import (
+    HardwareProfile,
+    TelemetryRecord,
+    WorkloadProfile,
+    fit_hardware,
+    fit_workload,
+)
+
+
+class RuntimeTracker:
+    def __init__(self, hardware: HardwareProfile, workload: WorkloadProfile, alpha: float = 0.5,
+                 keep_last: int = 20_000) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha={alpha}: the EMA weight must be in (0, 1]")
+        self.hardware = hardware
+        self.workload = workload
+        self.alpha = alpha
+        self.window: list[TelemetryRecord] = []
+        self.records_total = 0
+        self.refits = 0
+        self.recent: list[TelemetryRecord] = []  # a bounded tail of all records (for reports)
+        self._keep = keep_last
+
+    def record(self, rec: TelemetryRecord) -> None:
+        self.window.append(rec)
+        self.records_total += 1
+        self.recent.append(rec)
+        if len(self.recent) > 2 * self._keep:
+            del self.recent[: len(self.recent) - self._keep]
+
+    def refit(self) -> tuple[HardwareProfile, WorkloadProfile]:
+        """Fit the window into the profiles (unchanged if the window is empty) and clear it."""
+        if self.window:
+            self.hardware = fit_hardware(self.hardware, self.window, self.alpha)
+            self.workload = fit_workload(self.workload, self.window, self.alpha)
+            self.refits += 1
+        self.window = []
+        return self.hardware, self.workload

@@ -1,0 +1,243 @@
+"""``python -m pearl serve --config C [--host H --port N]``: PEARL as a service on one node.
+
+``Service`` is the controller process: the ``Controller`` (schedulers, tracker, decision engine)
+over an engine, the admin API in front of it, and the ``RunObserver`` (TensorBoard, live progress,
+run report). ``serve`` runs it alone on this machine with the engine of the config (with
+``engine.kind: emulated`` it runs in real time on the CPU, so the API can be tried at once:
+``configs/emulated-demo.yaml``); ``pearl/main.py`` runs the same ``Service`` on rank 0 of a torchrun
+job with a ``RemoteEngine`` over the node agents.
+
+Token: ``admin.token`` or ``PEARL_ADMIN_TOKEN``; without one the API listens on loopback only.
+
+Life cycle::
+
+    service = Service(cfg, clock)
+    await service.start()        engine -> controller.start() (rollout begins) -> admin API -> observer
+    await service.run(stop)      until ``stop`` is set (SIGTERM / SIGINT) or the controller finishes
+    await service.stop()         admin API closed first (no event lands mid-shutdown), the trainer
+                                 stopped, dispatch stopped (every worker evicted: in-flight requests
+                                 aborted, each partial output written to the journal by the
+                                 controller's JournaledEngine), controller.stop() (tasks cancelled,
+                                 engine servers stopped), the observer writes the run report last
+
+Journal: ``output_dir/journal.sqlite`` (``--no-journal`` to keep none). Starting again with the same
+``output_dir`` resumes: completed trajectories are not generated again and partial outputs are
+replayed (``pearl.runtime.journal``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pearl.admin.app import AdminServer, NodesProvider
+from pearl.admin.security import AdminSecurityError
+from pearl.config import RunConfig, load_config
+from pearl.core.state import ClusterState
+from pearl.core.trajectory import TrajectoryRecord
+from pearl.engines.base import InferenceEngine
+from pearl.obs.logs import setup_logging
+from pearl.obs.observer import RunObserver
+from pearl.runtime.clock import Clock, LoopClock
+from pearl.runtime.controller import Controller
+from pearl.runtime.journal import Journal
+from pearl.sim.agents import SyntheticSessionFactory
+from pearl.sim.trainer import EmulatedTrainer
+
+log = logging.getLogger("pearl.serve")
+
+EngineFactory = Callable[[Callable[[str], str]], InferenceEngine]
+
+
+def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
+                     initial_state: ClusterState | None = None,
+                     on_batch: Callable[[list[TrajectoryRecord], int], None] | None = None,
+                     journal: Journal | None = None) -> tuple[Controller, EmulatedTrainer]:
+    """The real controller over ``engine`` with its agent sessions and trainer.
+
+    Emulated engine: synthetic SWE-like sessions (``pearl.sim.agents``) and the emulated trainer
+    (``pearl.sim.trainer``: ``train.step_time_s`` per step, it tells the controller when training
+    starts and finishes). Real engines need real environments and the real trainer: ``pearl run``.
+    With a ``journal`` (``pearl.runtime.journal``) completed trajectories, partial outputs of aborted
+    requests and the GPU table are durable, and a restart on the same journal resumes from them.
+    """
+    if cfg.engine.kind != "emulated":
+        raise SystemExit(f"serve runs emulated-engine configs (engine.kind={cfg.engine.kind!r}); for real "
+                         "engines use `python -m pearl run`")
+    sessions = SyntheticSessionFactory(cfg.workload, clock)
+    controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal)
+
+    async def take_batch() -> list[TrajectoryRecord]:
+        records = await controller.take_batch()
+        if on_batch is not None:
+            on_batch(records, controller.latest_weights()[0])
+        return records
+
+    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take_batch, controller.notify, controller.publish)
+    return controller, trainer
+
+
+def make_local_engine(cfg: RunConfig, clock: Clock, run_dir: Path) -> InferenceEngine:
+    """The engine whose servers this node runs (emulated / vLLM on CPU / SGLang on GPUs)."""
+    kind = cfg.engine.kind
+    if kind == "emulated":
+        from pearl.engines.emulated import EmulatedEngine
+
+        return EmulatedEngine.from_config(cfg, clock)
+    if kind == "vllm":
+        from pearl.engines.vllm import VllmEngine
+        from pearl.engines.vllm_server import VllmSettings
+
+        e = cfg.engine
+        return VllmEngine(run_dir / "engines", VllmSettings(
+            max_model_len=e.max_model_len, kv_cache_gib=e.kv_cache_gib, threads_per_server=e.threads_per_server,
+            start_timeout_s=e.start_timeout_s, request_timeout_s=e.request_timeout_s, extra_args=tuple(e.extra_args)))
+    raise SystemExit(f"engine.kind={kind!r} has no engine adapter in this build (use emulated or vllm)")
+
+
+class Service:
+    def __init__(self, cfg: RunConfig, clock: Clock, engine_factory: EngineFactory | None = None,
+                 host: str | None = None, port: int | None = None, nodes: NodesProvider | None = None,
+                 live: bool = False, env: dict[str, str] | None = None,
+                 initial_state: ClusterState | None = None, journal: bool = True) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.run_dir = Path(cfg.output_dir)
+        self._engine_factory = engine_factory
+        self._host = host
+        self._port = port
+        self._nodes = nodes
+        self._live = live
+        self._env = env
+        self.initial_state = initial_state
+        self.journal_path = self.run_dir / "journal.sqlite" if journal else None
+        self.journal: Journal | None = None
+        self.engine: InferenceEngine | None = None
+        self.controller: Controller | None = None
+        self.trainer: EmulatedTrainer | None = None
+        self.aborted_at_stop = 0
+        self.admin: AdminServer | None = None
+        self.observer: RunObserver | None = None
+
+    async def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self._engine_factory is not None:
+            self.engine = self._engine_factory(self._node_of)
+        else:
+            self.engine = make_local_engine(self.cfg, self.clock, self.run_dir)
+        assert self.engine is not None
+        if self.journal_path is not None:
+            resumed = self.journal_path.exists()
+            self.journal = Journal(self.journal_path)
+            if resumed:
+                log.info("resuming from journal %s: %s", self.journal_path, self.journal.counts())
+        self.controller, self.trainer = build_controller(self.cfg, self.clock, self.engine, self.initial_state,
+                                                         self._on_batch, self.journal)
+        # the admin server is built first: a bad listen address must fail before any work starts
+        self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
+                                 nodes=self._nodes)
+        await self.controller.start()
+        self.trainer.start()
+        await self.admin.start()
+        self.observer = RunObserver(self.controller, self.clock.now, self.clock.sleep, self.run_dir,
+                                    tensorboard=self.cfg.admin.tensorboard, live=self._live, title=self.cfg.name)
+        self.observer.start()
+
+    def _on_batch(self, records: list[TrajectoryRecord], trainer_version: int) -> None:
+        if self.observer is not None:
+            self.observer.note_batch(records, trainer_version)
+
+    def _node_of(self, gpu_id: str) -> str:
+        assert self.controller is not None
+        return self.controller.executor.state.gpu(gpu_id).node
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set or the controller's run ends by itself."""
+        assert self.controller is not None
+        waiters = [asyncio.ensure_future(stop.wait()),
+                   asyncio.ensure_future(self.controller.wait_batches(sys.maxsize))]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w
+
+    async def stop(self) -> Path | None:
+        report = None
+        if self.admin is not None:
+            await self.admin.stop()
+        if self.trainer is not None:
+            await self.trainer.stop()
+        if self.controller is not None:
+            # stop dispatch: evict every worker (aborts in-flight requests; each turn keeps its
+            # partial output), then cancel the pipeline and the schedulers, then stop the servers
+            pipe = self.controller.pipeline
+            for wid in sorted(self.controller.executor.state.workers):
+                with contextlib.suppress(Exception):
+                    self.aborted_at_stop += await pipe.evict(wid)
+            kept = "" if self.journal is None else f" (journal {self.journal_path}: {self.journal.counts()})"
+            log.info("shutdown: dispatch stopped, %d in-flight request(s) aborted with partial output kept%s",
+                     self.aborted_at_stop, kept)
+            await self.controller.stop(close_engine=True)
+        elif self.engine is not None:
+            with contextlib.suppress(Exception):
+                await self.engine.close()
+        if self.observer is not None:
+            report = await self.observer.stop()
+            log.info("run report: %s", report)
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+        return report
+
+
+async def serve(cfg: RunConfig, host: str | None, port: int | None, live: bool, journal: bool = True) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    service = Service(cfg, LoopClock(), host=host, port=port, live=live, journal=journal)
+    try:
+        await service.start()
+        assert service.admin is not None
+        log.info("PEARL serving: admin API %s (OpenAPI: %s/v1/openapi.json)", service.admin.url, service.admin.url)
+        await service.run(stop)
+    finally:
+        await service.stop()
+    return 0
+
+
+def _serve_cmd(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    secrets = [s for s in (cfg.admin.token, os.environ.get("PEARL_ADMIN_TOKEN")) if s]
+    setup_logging(args.log_level, json_lines=args.log_json or cfg.admin.log_json, secrets=secrets)
+    import uvloop
+
+    try:
+        return int(uvloop.run(serve(cfg, args.host, args.port, args.live, journal=not args.no_journal)))
+    except AdminSecurityError as e:
+        print(f"pearl serve: {e}", file=sys.stderr)
+        return 2
+
+
+def add_serve_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="run PEARL on this node as a service with the admin API")
+    p.add_argument("--config", required=True, help="run config (e.g. configs/emulated-demo.yaml)")
+    p.add_argument("--host", default=None, help="admin API host (default: admin.host)")
+    p.add_argument("--port", type=int, default=None, help="admin API port (default: admin.port; 0 = any free)")
+    p.add_argument("--live", action="store_true", help="live progress panel (rich) on stderr")
+    p.add_argument("--no-journal", action="store_true",
+                   help="keep no durable journal (default: output_dir/journal.sqlite; a restart resumes from it)")
+    p.add_argument("--log-json", action="store_true", help="logs as JSON lines")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_serve_cmd)

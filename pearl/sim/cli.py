@@ -1,0 +1,125 @@
+"""``python -m pearl simulate`` and ``python -m pearl experiments``: argument parsing only.
+
+The lead's ``pearl/cli.py`` registers the subcommands with::
+
+    from pearl.sim.cli import add_simulate_parser, add_experiments_parser
+    add_simulate_parser(subparsers)      # each sets ``func`` (args -> exit code) as a default
+    add_experiments_parser(subparsers)
+
+``python -m pearl.sim.cli simulate|experiments ...`` runs them without the main CLI.
+
+simulate: ``--config C --trace FILE [--start-hour H --hours 2 | --segment abundant|scarce|volatile]
+--systems pearl,roll,rlboost+,oracle [--json] [--out DIR] [--set workload.batch_size=32 ...]``.
+With ``--json`` one JSON object ``{"systems": {NAME: summary}, "wall_s": s, "meta": {...}}`` is
+printed to stdout; otherwise a rich progress display and a report folder (markdown + PNG).
+Exit codes: 0 ok, 2 bad input (config / trace / system name; the message names what).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pearl.config import ConfigError, load_config
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for it in items:
+        if "=" not in it:
+            raise ConfigError(f"--set {it!r}: expected KEY=VALUE, e.g. workload.batch_size=32")
+        k, v = it.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate", help="replay an availability trace through the real control plane (virtual time)")
+    p.add_argument("--config", default="configs/qwen3-8b-h200.yaml", help="run config YAML (or a name in configs/)")
+    p.add_argument("--trace", required=True, help="spot-traces JSON or time_s,available CSV")
+    p.add_argument("--start-hour", type=float, default=None, help="segment start in the trace (hours)")
+    p.add_argument("--hours", type=float, default=2.0, help="segment length (hours)")
+    p.add_argument("--segment", choices=["abundant", "scarce", "volatile"], default=None,
+                   help="let the picker choose the segment (instead of --start-hour)")
+    p.add_argument("--systems", default="pearl,roll,rlboost+,oracle",
+                   help="comma-separated: roll, roll-large, rlboost+, pearl, oracle, pearl-coloc, pearl-nogate")
+    p.add_argument("--roll-large-gpus", type=int, default=None,
+                   help="roll-large pool size (default: reserved + the segment's mean preemptible GPUs)")
+    p.add_argument("--seed", type=int, default=None, help="workload seed (default: the config's)")
+    p.add_argument("--notice-s", type=float, default=120.0, help="reclaim notice before a drop (AWS: 120 s)")
+    p.add_argument("--workload", default="config", choices=["config", "paper"],
+                   help="workload preset (pearl/sim/presets.py): the config's own, or calibrated to the paper")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.add_argument("--out", default=None, help="report folder (default runs/simulate/<config>-<segment>)")
+    p.set_defaults(func=simulate_main)
+    return p
+
+
+def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "experiments", help="regenerate the paper's figures and tables (Fig. 5/7/8, Tables 2/3)")
+    p.add_argument("which", nargs="?", default="all", choices=["fig5", "fig7", "fig8", "table2", "table3", "all", "collect"],
+                   help="an experiment, all of them, or collect (rebuild EXPERIMENTS.md from the tables in --out)")
+    p.add_argument("--out", default="runs/experiments", help="output folder (tables, PNGs, results.json)")
+    p.add_argument("--trace", default=None, help="trace for Fig. 5 (default: the shared us-west-2a spot trace)")
+    p.add_argument("--hours", type=float, default=2.0, help="segment length for Fig. 5")
+    p.add_argument("--workload", default="paper", choices=["config", "paper"],
+                   help="workload preset (pearl/sim/presets.py); default: calibrated to the paper")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for independent replays")
+    p.add_argument("--quick", action="store_true", help="small scale (short segments, fewer points): for tests")
+    p.add_argument("--docs", default="docs/EXPERIMENTS.md", help="markdown with every table ('' to skip)")
+    p.set_defaults(func=experiments_main)
+    return p
+
+
+def simulate_main(args: argparse.Namespace) -> int:
+    from pearl.sim.simulate import SimulationError, run_simulation_cli
+    from pearl.sim.systems import UnknownSystemError
+    from pearl.sim.traces import TraceError
+
+    try:
+        from pearl.sim.presets import preset_overrides
+
+        cfg = load_config(args.config, {**preset_overrides(args.workload), **_parse_set(args.set)} or None)
+        result = run_simulation_cli(cfg, args)
+    except (ConfigError, TraceError, UnknownSystemError, SimulationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"systems": result["systems"], "wall_s": result["wall_s"], "meta": result["meta"]}))
+    return 0
+
+
+def experiments_main(args: argparse.Namespace) -> int:
+    from pearl.sim.experiments import run_experiments
+    from pearl.sim.traces import TraceError
+
+    try:
+        out = run_experiments(args.which, Path(args.out), trace=args.trace, hours=args.hours, quick=args.quick,
+                              docs=args.docs or None, workload=args.workload,
+                              jobs=args.jobs)
+    except (ConfigError, TraceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pearl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_simulate_parser(sub)
+    add_experiments_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""Trace replay: each system = the real Controller on the emulated engine, in virtual time.
+
+Public names: ``run_system``, ``run_simulation``, ``run_simulation_cli``,
+``best_allocation_search``, ``SimulationError``.
+
+One system run (``run_system``), on a fresh ``VirtualTimeLoop`` (``run_virtual``)::
+
+    engine   = EmulatedEngine(cfg)                       (the only swapped part, with the clock)
+    ctrl     = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload))
+    await ctrl.start()                                    reserved workers launched + admitted;
+                                                          t0 = now: the trace starts here
+    EmulatedTrainer(take_batch, notify, publish).start()  training steps of train.step_time_s
+    replayer: trace_events(timeline) at t0 + at_s -> ctrl.submit   (deadlines shifted by t0)
+    Sampler: every 5 s the state table and progress (GPU-hours, role timeline)
+    sleep until t0 + duration; stop everything (cancel + await), fold the counters
+
+A system is only ``apply_system(cfg, spec)`` (policy knobs, fixed pools) and which events it is
+sent: systems that do not use preemptible GPUs get none; the oracle gets ``oracle_events`` and
+``allocation_overrides`` from ``best_allocation_search`` over every budget it can reach.
+
+Summary per system (the JSON of ``python -m pearl simulate --json``)::
+
+    trajectories_per_hour     completed trajectories / segment hours (rollout side; the trainer
+                              consumes them in order with staleness <= policy.max_staleness)
+    trajectories_completed, trajectories_trained, trajectories_in_flight, trajectories_failed
+    rollout_steps, train_steps
+    gpu_hours                 {reserved, preemptible, borrowed, training} (metrics.py)
+    cost_usd, cost_per_1k_trajectories   (PricesSpec; training GPUs paid for the whole segment)
+    reconfigurations          counts by kind from the Elastic Scheduler
+    reconfiguration_costs_s   observed seconds by kind (Table 3)
+    makespan_prediction_error median |predicted - observed| / observed over rollout batches:
+                              predicted = the decision in force when the batch started,
+                              observed = that batch's makespan in the emulator
+    interruptions, sim_events, sim_events_per_s, wall_s, role_hours
+
+Batch-makespan search (``best_allocation_search``): a fixed pool of ``n`` workers, no elasticity,
+``allocation_overrides = {n: label}`` for colocation and every P:D split; the pipeline runs
+``batches`` rollout batches (no trainer: the staleness bound stops it after ``max_staleness + 1``)
+and the mean batch makespan is the measure. The decision engine's choice comes from ``decide``
+on the same config's prior profiles refit with the colocated run's telemetry (what PEARL would
+know after one step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pearl.config import RunConfig
+from pearl.core.decision import decide
+from pearl.core.events import ReclaimNotice
+from pearl.engines.emulated import EmulatedEngine
+from pearl.runtime.clock import LoopClock, run_virtual
+from pearl.runtime.controller import Controller
+from pearl.sim.agents import SyntheticSessionFactory
+from pearl.sim.metrics import Sampler, cost_usd
+from pearl.sim.oracle import oracle_events, reachable_budgets
+from pearl.sim.systems import SystemSpec, apply_system
+from pearl.sim.traces import DEFAULT_NOTICE_S, GpuTimeline, TimedEvent, trace_events
+from pearl.sim.trainer import EmulatedTrainer
+
+
+class SimulationError(RuntimeError):
+    """A replay could not run (the message names the system and what failed)."""
+
+
+def _shift(e: TimedEvent, t0: float) -> TimedEvent:
+    ev = e.event
+    if isinstance(ev, ReclaimNotice):
+        ev = ReclaimNotice(ev.gpu_ids, ev.deadline + t0, ev.notice_id, ev.event_id)
+    return TimedEvent(e.at_s + t0, ev)
+
+
+def _modes(history: Sequence[dict[str, Any]], t0: float) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for h in history:
+        d = h.get("decision")
+        if h.get("kind") == "replan" and isinstance(d, dict):
+            lab = f"{d['label']}/{d['n_workers']}" if d.get("label") != "coloc" else f"coloc/{d['n_workers']}"
+            t = float(h.get("t", t0)) - t0
+            if not out or out[-1][1] != lab:
+                out.append([max(t, 0.0), lab])
+    return out
+
+
+def _steady_error(raw: dict[str, Any]) -> tuple[float | None, int]:
+    """Median relative error over batches whose allocation (mode, ratio, worker count) did not
+    change between the batch's start and end: the predictor cannot know future grants, reclaims
+    or borrows, so only these batches test the model itself. Returns (error, n_batches)."""
+    changes = [float(t) for t, _lab in _modes(raw["history"], 0.0)]
+    preds = raw["summary"]["batch_predictions"]
+    ends = raw["batch_ends"][-len(preds):] if preds else []
+    errs = []
+    for b, end in zip(preds, ends, strict=False):
+        start = end - b["observed_s"]
+        if b["observed_s"] > 0 and not any(start < t <= end for t in changes):
+            errs.append(abs(b["predicted_s"] - b["observed_s"]) / b["observed_s"])
+    return (round(statistics.median(errs), 4) if errs else None), len(errs)
+
+
+_COST_KINDS = {"launch": "expansion_preparation", "finalize": "expansion_finalization", "activate": "activation",
+               "deactivate": "deactivation", "role_switch": "role_switch", "weight_update": "weight_update"}
+
+
+def _costs(ctrl: Controller, engine: EmulatedEngine) -> dict[str, list[float]]:
+    """Observed reconfiguration seconds by kind (Table 3): the engine's log of every launch
+    (worker preparation, including the start-up workers), finalization (weight sync + admission),
+    activation / deactivation of borrowed GPUs, role switches, in-place weight updates; and the
+    toggle manager's return delays (from TrainingStarted until the last borrowed GPU is free)."""
+    out: dict[str, list[float]] = {}
+    for kind, _w, sec in engine.reconfig_log:
+        out.setdefault(_COST_KINDS.get(kind, kind), []).append(sec)
+    out["borrow_return_delay"] = [r["delay_s"] for r in ctrl.summary()["returns"]]
+    return {k: [round(x, 3) for x in v] for k, v in out.items() if v}
+
+
+async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
+               progress: Callable[[float], None] | None) -> dict[str, Any]:
+    clock = LoopClock()
+    engine = EmulatedEngine.from_config(cfg, clock)
+    factory = SyntheticSessionFactory(cfg.workload, clock)
+    ctrl = Controller(cfg, engine, factory, clock=clock)
+    await ctrl.start()
+    t0 = clock.now()
+    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, ctrl.take_batch, ctrl.notify,
+                              lambda v: ctrl.publish(v, None))
+    sampler = Sampler(ctrl, clock, period_s=5.0)
+    submitted: list[dict[str, Any]] = []
+
+    async def replay() -> None:
+        for e in events:
+            e = _shift(e, t0)
+            await clock.sleep_until(e.at_s)
+            res = await ctrl.submit(e.event)
+            submitted.append({"t": e.at_s - t0, "event": e.event.kind.value, "applied": res.applied})
+
+    async def ticker() -> None:
+        while True:
+            await clock.sleep(60.0)
+            if progress is not None:
+                progress((clock.now() - t0) / duration_s)
+
+    trainer.start()
+    sampler.start()
+    tasks = [asyncio.get_running_loop().create_task(replay(), name="trace-replayer"),
+             asyncio.get_running_loop().create_task(ticker(), name="sim-progress")]
+    try:
+        await clock.sleep_until(t0 + duration_s)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await sampler.stop()
+        await trainer.stop()
+        prog = ctrl.progress()
+        summ = ctrl.summary()
+        costs = _costs(ctrl, engine)
+        history = list(ctrl.elastic.history)
+        await ctrl.stop()
+    return {
+        "t0": t0, "progress": prog, "summary": summ, "costs": costs, "history": history,
+        "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
+        "batch_ends": list(ctrl.pipeline.stats.batch_ends),
+    }
+
+
+def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duration_s: float | None = None,
+               notice_s: float = DEFAULT_NOTICE_S, fixed_pool: int | None = None,
+               allocation_overrides: dict[int, str] | None = None,
+               progress: Callable[[float], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Replay one system; returns (summary, series) as described in the module docstring."""
+    dur = duration_s if duration_s is not None else (tl.duration_s if tl is not None else 7200.0)
+    if spec.fixed_pool is not None and fixed_pool is None:
+        mean = tl.mean if tl is not None else 0.0
+        fixed_pool = cfg.cluster.reserved_gpus + round(mean)
+    scfg = apply_system(cfg, spec, fixed_pool, allocation_overrides)
+    events: list[TimedEvent] = []
+    if tl is not None and spec.use_preemptible:
+        events = [e for e in trace_events(tl, notice_s) if e.at_s < dur]
+        if spec.oracle:
+            events = oracle_events(events, dur)
+    w0, c0 = time.perf_counter(), time.process_time()
+    try:
+        raw = run_virtual(_run(scfg, events, dur, progress))
+    except Exception as e:
+        raise SimulationError(f"system {spec.name}: replay failed: {type(e).__name__}: {e}") from e
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    prog, summ, smp = raw["progress"], raw["summary"], raw["sampler"]
+    hours = dur / 3600
+    led = smp.ledger
+    gpu_hours = {k: round(v / 3600, 4) for k, v in led.gpu_s.items()}
+    gpu_hours["training"] = round(scfg.cluster.training_gpus * hours, 4)
+    cost = cost_usd(gpu_hours, scfg.prices)
+    done = prog.trajectories_completed
+    summary = {
+        "trajectories_per_hour": round(done / hours, 3),
+        "trajectories_completed": done,
+        "trajectories_trained": raw["trainer"].trajectories,
+        "trajectories_in_flight": prog.trajectories_in_flight,
+        "trajectories_failed": prog.trajectories_lost,
+        "rollout_steps": summ["rollout_steps"],
+        "train_steps": raw["trainer"].steps,
+        "gpu_hours": gpu_hours,
+        "cost_usd": round(cost, 2),
+        "cost_per_1k_trajectories": round(1000 * cost / done, 2) if done else None,
+        "reconfigurations": dict(summ["reconfigurations"]),
+        "reconfiguration_costs_s": raw["costs"],
+        "makespan_prediction_error": (None if summ["makespan_prediction_error"] is None
+                                      else round(summ["makespan_prediction_error"], 4)),
+        "makespan_prediction_error_steady": _steady_error(raw)[0],
+        "steady_batches": _steady_error(raw)[1],
+        "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
+        "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
+        "interruptions": summ["interruptions"],
+        "role_hours": {k: round(v / 3600, 4) for k, v in led.role_s.items()},
+        "fixed_pool": fixed_pool if spec.fixed_pool is not None else None,
+        "sim_events": raw["events"],
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),  # this process's CPU time: the one-core figure on a shared machine
+        "sim_events_per_s": round(raw["events"] / wall) if wall > 0 else None,
+        "sim_events_per_cpu_s": round(raw["events"] / cpu) if cpu > 0 else None,
+    }
+    t0 = raw["t0"]
+    comp = [(t - t0, n) for t, n in smp.completed]
+    completions: list[float] = []
+    prev = 0
+    for t, n in comp:
+        completions.extend([t] * max(0, n - prev))
+        prev = max(prev, n)
+    series = {
+        "completions": completions,
+        "timeline": [[g, max(0.0, a - t0), max(0.0, b - t0), c] for g, a, b, c in led.segments if b > t0],
+        "modes": _modes(raw["history"], t0),
+        "budget": [[i * tl.gap_s, n] for i, n in enumerate(tl.gpus)] if tl is not None else [],
+        "events": raw["submitted"],
+    }
+    return summary, series
+
+
+def _oracle_overrides(cfg: RunConfig, tl: GpuTimeline | None, top_k: int = 2,
+                      cache: dict[int, str] | None = None) -> dict[int, str]:
+    """Best measured allocation for every reachable budget: colocation and the ``top_k`` splits
+    the predictor ranks best (measuring all N-1 splits at every budget would multiply the replay
+    time by ~20; the predictor's ranking of splits is reliable, its coloc-vs-split call is what the
+    oracle corrects). ``cache`` (budget -> label) is reused across segments of one config."""
+    cache = {} if cache is None else cache
+    out: dict[int, str] = {}
+    for n in reachable_budgets(tl, cfg.cluster, borrow=True):
+        if n not in cache:
+            cache[n] = best_allocation_search(cfg, n, batches=1, top_k=top_k)["best"]
+        out[n] = cache[n]
+    return out
+
+
+def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[SystemSpec],
+                   duration_s: float | None = None, notice_s: float = DEFAULT_NOTICE_S,
+                   roll_large_gpus: int | None = None, trace_label: str = "",
+                   progress: Callable[[str, float], None] | None = None,
+                   search_cache: dict[int, str] | None = None) -> dict[str, Any]:
+    """Every system on the same segment; ``{"systems", "series", "meta", "wall_s"}``."""
+    w0 = time.perf_counter()
+    res: dict[str, Any] = {"systems": {}, "series": {}}
+    dur = duration_s if duration_s is not None else (tl.duration_s if tl is not None else 7200.0)
+    for spec in systems:
+        ov = None
+        if spec.oracle:
+            ov = _oracle_overrides(cfg, tl, cache=search_cache)
+        cb = (lambda f, name=spec.name: progress(name, f)) if progress is not None else None
+        summary, series = run_system(cfg, spec, tl, dur, notice_s,
+                                     roll_large_gpus if spec.fixed_pool is not None else None, ov, cb)
+        if ov:
+            summary["allocation_overrides"] = {str(k): v for k, v in ov.items()}
+        res["systems"][spec.name] = summary
+        res["series"][spec.name] = series
+        if progress is not None:
+            progress(spec.name, 1.0)
+    wall = time.perf_counter() - w0
+    ev = sum(s["sim_events"] for s in res["systems"].values())
+    res["wall_s"] = round(wall, 3)
+    res["meta"] = {
+        "config": cfg.name, "trace": trace_label or (tl.source if tl is not None else "fixed pool"),
+        "start_hour": (tl.start_s / 3600) if tl is not None else 0.0, "duration_s": dur,
+        "mean_preemptible_gpus": round(tl.mean, 3) if tl is not None else 0.0,
+        "events": ev, "events_per_s": round(ev / wall) if wall > 0 else None,
+    }
+    return res
+
+
+# ------------------------------------------------------------------------------ batch search
+async def _measure(cfg: RunConfig, batches: int) -> tuple[list[float], Any]:
+    clock = LoopClock()
+    engine = EmulatedEngine.from_config(cfg, clock)
+    factory = SyntheticSessionFactory(cfg.workload, clock)
+    ctrl = Controller(cfg, engine, factory, clock=clock, max_batches=batches)
+    await ctrl.start()
+    try:
+        await ctrl.wait_batches(batches)
+        return list(ctrl.pipeline.stats.batch_makespans), ctrl.tracker
+    finally:
+        await ctrl.stop()
+
+
+def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1) -> tuple[float, Any]:
+    """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker)."""
+    policy = cfg.policy.model_copy(update={"use_preemptible": False, "borrow_enabled": False,
+                                           "allocation_overrides": {n: label}, "allow_disaggregation": True,
+                                           "max_staleness": max(cfg.policy.max_staleness, batches)})
+    cluster = cfg.cluster.model_copy(update={"reserved_gpus": n * cfg.cluster.tp_size, "max_preemptible_gpus": 0})
+    c = cfg.model_copy(update={"policy": policy, "cluster": cluster})
+    spans, tracker = run_virtual(_measure(c, batches))
+    if not spans:
+        raise SimulationError(f"measuring {label} on {n} workers: no batch completed")
+    return statistics.fmean(spans), tracker
+
+
+def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int | None = None) -> dict[str, Any]:
+    """Measure colocation and every P:D split on ``n`` workers (or the ``top_k`` best predicted
+    splits); compare with the decision engine's choice (see module docstring)."""
+    coloc_ms, tracker = measure_makespan(cfg, n, "coloc", batches)
+    hw, wl = tracker.hardware, tracker.workload
+    d = decide(n, cfg.workload.batch_size, hw, wl, cfg.policy)
+    cands = [c for c in d.candidates if c.allocation.label != "coloc"]
+    if top_k is not None:
+        cands = sorted(cands, key=lambda c: (not c.feasible, c.makespan_s))[:top_k]
+    measured = {"coloc": coloc_ms}
+    for c in cands:
+        lab = c.allocation.label
+        measured[lab] = measure_makespan(cfg, n, lab, batches)[0]
+    if d.target.label not in measured:
+        measured[d.target.label] = measure_makespan(cfg, n, d.target.label, batches)[0]
+    best = min(measured, key=lambda k: measured[k])
+    return {
+        "n_workers": n,
+        "chosen": d.target.label,
+        "best": best,
+        "measured": {k: round(v, 3) for k, v in measured.items()},
+        "predicted": {c.allocation.label: round(c.makespan_s, 3) for c in d.candidates},
+        "feasible": {c.allocation.label: c.feasible for c in d.candidates},
+    }
+
+
+# ------------------------------------------------------------------------------ CLI
+def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
+    from pearl.sim.report import write_report
+    from pearl.sim.systems import parse_systems
+    from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
+
+    systems = parse_systems(args.systems)
+    if args.seed is not None:
+        cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"seed": args.seed})})
+    trace = load_trace(args.trace)
+    if args.segment:
+        start_h = pick_segments(trace, cfg.cluster, args.hours)[args.segment].start_hour
+    else:
+        start_h = args.start_hour or 0.0
+    seg = trace.segment(start_h * 3600, args.hours * 3600)
+    tl = gpu_timeline(seg, cfg.cluster)
+    label = f"{Path(args.trace).name}@{start_h:.2f}h"
+    if args.json:
+        return run_simulation(cfg, tl, systems, notice_s=args.notice_s, roll_large_gpus=args.roll_large_gpus,
+                              trace_label=label)
+    from rich.progress import Progress
+
+    with Progress() as bar:
+        ids = {s.name: bar.add_task(s.name, total=1.0) for s in systems}
+
+        def cb(name: str, f: float) -> None:
+            bar.update(ids[name], completed=min(1.0, f))
+
+        result = run_simulation(cfg, tl, systems, notice_s=args.notice_s, roll_large_gpus=args.roll_large_gpus,
+                                trace_label=label, progress=cb)
+    out = Path(args.out or f"runs/simulate/{cfg.name}-{Path(args.trace).stem}-{start_h:.2f}h")
+    md = write_report(result, out)
+    from pearl.sim.report import markdown_table, summary_rows
+
+    print(markdown_table(["system", "traj/h", "vs roll", "rollout steps", "train steps", "GPU-h", "$/1k traj",
+                          "reconfigs", "makespan err"], summary_rows(result["systems"])))
+    print(f"report: {md}  (wall {result['wall_s']:.1f} s, {result['meta']['events_per_s']} simulated events/s)")
+    return result
+
+
+__all__ = ["SimulationError", "best_allocation_search", "measure_makespan", "run_simulation", "run_simulation_cli",
+           "run_system"]

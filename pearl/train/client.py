@@ -1,0 +1,328 @@
+"""``TrainerClient``: the asyncio controller's handle on the trainer ranks (child processes).
+
+The controller never blocks on training: ``train_step`` filters and packs the records (pure,
+``pearl.train.batch``), then awaits the rank processes' replies over pipes while the event loop
+keeps serving rollouts.
+
+Life cycle::
+
+    client = TrainerClient(model_path, work_dir, spec, max_staleness, on_event=...)
+    await client.start()              spawn WORLD_SIZE ranks (`python -m pearl.train.trainer`, torchrun
+                                      environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
+                                      await their "ready" (resume: from the latest checkpoint)
+    result = await client.train_step(records)
+        1. filter_records: staleness bound, counted drops        (nothing to train: no update)
+        2. on_event(TrainingStarted(step))  -- awaited: the toggle manager returns borrowed
+           GPUs before the update starts; the wait is timed as ``timings["gpu_return_wait_s"]``
+        3. make_samples (group advantages) -> shard_samples -> one "step" command per rank
+        4. on_event(TrainingFinished(step, version, expected_idle_s))
+        -> TrainResult(version, snapshot, metrics, timings, report)
+    await client.close()              "shutdown" to every rank, then terminate / kill stragglers
+
+A rank that dies or replies with an error makes the client *failed*: every rank is stopped (the
+others would hang in a collective) and ``TrainerError`` names the rank, its error and the tail of
+its log; restart with ``resume=True`` to continue from the last checkpoint. The records of the
+failed step are still the caller's (nothing was consumed).
+
+``expected_idle_s`` in ``TrainingFinished`` is an EMA (weight 0.5) of the observed gaps between
+the end of one update and the next ``train_step`` call (None until one gap was seen): the idle
+window in which training GPUs may be lent to rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pearl.config import TrainSpec
+from pearl.core.events import TrainingFinished, TrainingStarted
+from pearl.core.trajectory import TrajectoryRecord
+from pearl.runtime.weights import SnapshotRef
+from pearl.train.batch import FilterReport, filter_records, make_samples, shard_samples
+from pearl.train.broadcast import Layout
+from pearl.train.grpo import global_denominator
+
+TrainingEvent = TrainingStarted | TrainingFinished
+EventSink = Callable[[TrainingEvent], Awaitable[None]]
+
+_READ_LIMIT = 1 << 26  # longest reply line (bytes)
+
+
+class TrainerError(RuntimeError):
+    """The trainer failed; the message names the rank, the error and the log tail."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One update: the new weight version, its snapshot (None if nothing was trained), metrics
+    (GRPO terms and filter counts), timings (seconds) and the staleness filter report."""
+
+    step: int
+    version: int
+    snapshot: SnapshotRef | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    report: FilterReport = field(default_factory=FilterReport)
+
+    @property
+    def updated(self) -> bool:
+        return self.snapshot is not None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: asyncio.subprocess.Process
+    log: Path
+
+
+class TrainerClient:
+    """Async handle on ``spec.world_size`` trainer rank processes (see module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        work_dir: str | Path,
+        spec: TrainSpec,
+        max_staleness: int,
+        on_event: EventSink | None = None,
+        *,
+        resume: bool = False,
+        device: str = "cpu",
+        threads_per_rank: int | None = None,
+        now: Callable[[], float] = time.monotonic,
+        python: str = sys.executable,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.work_dir = Path(work_dir)
+        self.spec = spec
+        self.max_staleness = max_staleness
+        self._on_event = on_event
+        self._resume = resume
+        self._device = device
+        cpus = os.cpu_count() or 1
+        self._threads = threads_per_rank or max(1, cpus // spec.world_size)
+        self._now = now
+        self._python = python
+        self._ranks: list[_Rank] = []
+        self._lock = asyncio.Lock()
+        self._failed: str | None = None
+        self.step = 0
+        self.latest: SnapshotRef | None = None
+        self.setup_info: dict[str, Any] = {}
+        self._last_end: float | None = None
+        self._idle_ema: float | None = None
+
+    @property
+    def version(self) -> int:
+        return self.step
+
+    # ------------------------------------------------------------------------ life cycle
+    async def start(self) -> None:
+        if self._ranks:
+            raise TrainerError("TrainerClient.start() called twice")
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        for r in range(self.spec.world_size):
+            env = dict(os.environ)
+            env.update({
+                "RANK": str(r), "WORLD_SIZE": str(self.spec.world_size), "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": str(self.spec.world_size), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(self._threads),
+                "TOKENIZERS_PARALLELISM": "false",
+            })
+            log = logs / f"rank-{r}.log"
+            cmd = [self._python, "-m", "pearl.train.trainer", "--model", self.model_path,
+                   "--work-dir", str(self.work_dir), "--spec", self.spec.model_dump_json(),
+                   "--device", self._device]
+            if self._resume:
+                cmd.append("--resume")
+            with log.open("ab") as errf:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf,
+                    env=env, limit=_READ_LIMIT,
+                )
+            self._ranks.append(_Rank(r, proc, log))
+        try:
+            replies = await asyncio.gather(*(self._read(rk) for rk in self._ranks))
+        except BaseException:
+            await self._kill()
+            raise
+        steps = {int(r["step"]) for r in replies}
+        if len(steps) != 1:
+            await self._kill()
+            raise TrainerError(f"ranks resumed at different steps {sorted(steps)}; check {self.work_dir}/checkpoints")
+        self.step = steps.pop()
+        self.setup_info = replies[0]
+
+    async def close(self) -> None:
+        """Ask every rank to shut down; terminate any that does not exit within 30 s."""
+        if not self._ranks:
+            return
+        if self._failed is None:
+            with contextlib.suppress(TrainerError, OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._all("shutdown", [{} for _ in self._ranks]), 30)
+        await self._kill()
+
+    async def __aenter__(self) -> TrainerClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _kill(self) -> None:
+        for rk in self._ranks:
+            if rk.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    rk.proc.terminate()
+        for rk in self._ranks:
+            try:
+                await asyncio.wait_for(rk.proc.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    rk.proc.kill()
+                await rk.proc.wait()
+        self._ranks = []
+
+    # -------------------------------------------------------------------------- protocol
+    def _log_tail(self, rk: _Rank, n: int = 20) -> str:
+        try:
+            return "\n".join(rk.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    async def _read(self, rk: _Rank) -> dict[str, Any]:
+        assert rk.proc.stdout is not None
+        line = await rk.proc.stdout.readline()
+        if not line:
+            code = await rk.proc.wait()
+            raise TrainerError(f"trainer rank {rk.rank} exited (code {code}) without replying; "
+                               f"log {rk.log}:\n{self._log_tail(rk)}")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise TrainerError(f"{reply.get('error')}\n{reply.get('traceback', '')}")
+        return dict(reply)
+
+    async def _send(self, rk: _Rank, msg: dict[str, Any]) -> None:
+        assert rk.proc.stdin is not None
+        rk.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        await rk.proc.stdin.drain()
+
+    async def _all(self, cmd: str, payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send ``cmd`` to every rank and await every reply; any failure fails the client."""
+        if self._failed is not None:
+            raise TrainerError(f"trainer failed earlier ({self._failed}); restart it with resume=True")
+        if not self._ranks:
+            raise TrainerError("trainer not started: await TrainerClient.start() first")
+
+        async def one(rk: _Rank, p: dict[str, Any]) -> dict[str, Any]:
+            await self._send(rk, {"cmd": cmd, **p})
+            return await self._read(rk)
+
+        try:
+            return list(await asyncio.gather(*(one(rk, p) for rk, p in zip(self._ranks, payloads, strict=True))))
+        except asyncio.CancelledError:
+            # The ranks are mid-command; their replies would be read as the next command's.
+            self._failed = f"{cmd}: cancelled"
+            await self._kill()
+            raise
+        except (TrainerError, OSError, ConnectionError) as e:
+            self._failed = f"{cmd}: {str(e).splitlines()[0]}"
+            await self._kill()
+            if isinstance(e, TrainerError):
+                raise
+            raise TrainerError(f"lost contact with a trainer rank during {cmd!r}: {e}") from e
+
+    # ---------------------------------------------------------------------------- public
+    async def train_step(self, records: Sequence[TrajectoryRecord]) -> TrainResult:
+        """One asynchronous GRPO update on ``records`` (see module docstring)."""
+        async with self._lock:
+            t_call = self._now()
+            t0 = time.perf_counter()
+            kept, report = filter_records(records, self.step, self.max_staleness)  # may raise: nothing changed
+            if self._last_end is not None:
+                gap = t_call - self._last_end
+                self._idle_ema = gap if self._idle_ema is None else 0.5 * gap + 0.5 * self._idle_ema
+            samples = make_samples(kept, self.spec.advantage_scale)
+            denom = global_denominator([s.n_loss_tokens for s in samples], self.spec.loss_agg)
+            t_pack = time.perf_counter()
+            if denom <= 0:
+                self._last_end = self._now()
+                return TrainResult(self.step, self.step, None, {**report.to_dict(), "skipped": 1.0},
+                                   {"pack_s": t_pack - t0}, report)
+            step = self.step + 1
+            if self._on_event is not None:
+                await self._on_event(TrainingStarted(step=step, event_id=f"train-start-{step}"))
+            t_gpus = time.perf_counter()
+            shards = shard_samples(samples, self.spec.world_size)
+            payloads = [{"step": step, "denominator": denom, "samples": [s.to_wire() for s in sh]}
+                        for sh in shards]
+            replies = await self._all("step", payloads)
+            t_done = time.perf_counter()
+            r0 = replies[0]
+            self.step = step
+            self.latest = SnapshotRef.from_dict(r0["snapshot"])
+            metrics = {k: float(v) for k, v in r0["metrics"].items() if k != "rank_samples"}
+            metrics.update({k: float(v) for k, v in report.to_dict().items()})
+            metrics["samples"] = float(len(samples))
+            rewards = [r.reward for r in kept]
+            metrics["reward_mean"] = sum(rewards) / len(rewards)
+            timings = {
+                "pack_s": t_pack - t0,
+                "gpu_return_wait_s": t_gpus - t_pack,
+                **{k: max(float(r["timings"][k]) for r in replies) for k in r0["timings"]},
+                **{k: float(v) for k, v in r0["timings_publish"].items()},
+                "step_total_s": t_done - t_gpus,
+            }
+            self._last_end = self._now()
+            if self._on_event is not None:
+                await self._on_event(TrainingFinished(step=step, weight_version=step,
+                                                      expected_idle_s=self._idle_ema,
+                                                      event_id=f"train-finish-{step}"))
+            return TrainResult(step, step, self.latest, metrics, timings, report)
+
+    async def digests(self) -> list[str]:
+        """Per-rank sha256 of the parameters (equal on every rank after each step)."""
+        async with self._lock:
+            return [r["digest"] for r in await self._all("digest", [{} for _ in self._ranks])]
+
+    async def _rank0(self, msg: dict[str, Any]) -> dict[str, Any]:
+        async with self._lock:
+            if self._failed is not None or not self._ranks:
+                raise TrainerError(f"trainer not running ({self._failed or 'not started'})")
+            rk = self._ranks[0]
+            await self._send(rk, msg)
+            return await self._read(rk)
+
+    async def weight_layout(self, per_tensor: bool = False) -> Layout:
+        """The broadcast layout (``pearl.train.broadcast``), to hand to the receivers."""
+        return list((await self._rank0({"cmd": "bcast_layout", "per_tensor": per_tensor}))["layout"])
+
+    async def init_broadcast(self, host: str, port: int, n_receivers: int, backend: str = "gloo") -> float:
+        """Trainer rank 0 hosts the weight group for ``n_receivers`` inference servers, which must
+        join concurrently. Call ``weight_layout`` first. Returns the rendezvous seconds."""
+        reply = await self._rank0({"cmd": "bcast_init", "host": host, "port": port,
+                                   "world_size": n_receivers + 1, "backend": backend})
+        return float(reply["init_s"])
+
+    async def broadcast(self) -> dict[str, Any]:
+        """Broadcast the current weights in the layout's order (receivers receive meanwhile);
+        returns ``{version, tensors, buckets, bytes, seconds}``."""
+        return await self._rank0({"cmd": "bcast"})

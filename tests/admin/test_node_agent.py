@@ -1,0 +1,140 @@
+"""The node agent over HTTP with the real emulated engine behind it, driven through ``RemoteEngine``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from pearl.config import EmulatorSpec, load_config
+from pearl.core.state import Role
+from pearl.engines.base import (
+    EngineDeadError,
+    EngineStartError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    KVTransferError,
+    RequestTimings,
+    SamplingParams,
+    ServerSpec,
+)
+from pearl.engines.emulated import EmulatedEngine
+from pearl.runtime import node_agent as na
+from pearl.runtime.clock import LoopClock
+
+TOKEN = "agent-token-0123456789abcdef"
+FAST = EmulatorSpec(launch_s=(0.01, 0.01), admission_s=(0.01, 0.01), activation_s=(0.01, 0.01),
+                    deactivation_s=(0.01, 0.01), weight_update_s=0.0, role_switch_s=0.0)
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[tuple[na.RemoteEngine, dict[str, na.NodeAgent]]]:
+    base = load_config("qwen3-8b-h200")
+    clock = LoopClock()
+    agents = {}
+    for rank in range(2):
+        eng = EmulatedEngine(base.model, base.hardware, clock, FAST)
+        agents[f"node{rank}"] = na.NodeAgent(f"node{rank}", rank, eng, TOKEN)
+        await agents[f"node{rank}"].start()
+    async with aiohttp.ClientSession() as http:
+        clients = {n: na.AgentClient(a.url, TOKEN, http) for n, a in agents.items()}
+        yield na.RemoteEngine(clients, node_of=lambda dev: f"node{dev.split('-')[0][1:]}"), agents
+    for a in agents.values():
+        await a.close()
+
+
+def req(rid: str, n: int = 8) -> GenerateRequest:
+    return GenerateRequest(rid, tuple(range(1, 65)), SamplingParams(max_new_tokens=n, seed=1))
+
+
+async def test_launch_generate_pd_and_stop_across_two_agents(remote) -> None:
+    eng, agents = remote
+    await eng.launch(ServerSpec("w0", ("n0-g0",), Role.COLOCATED, weights="v0"))
+    await eng.launch(ServerSpec("p1", ("n1-g0",), Role.PREFILL, weights="v0"))
+    await eng.launch(ServerSpec("d1", ("n1-g1",), Role.DECODE, weights="v0"))
+    assert agents["node0"].workers == {"w0"} and agents["node1"].workers == {"p1", "d1"}
+    r = await eng.generate("w0", req("t/0#0"))
+    assert r.finish_reason is FinishReason.LENGTH and len(r.output_ids) == 8 and r.prompt_tokens == 64
+    r = await eng.generate_pd("p1", "d1", req("t/1#0"))
+    assert len(r.output_ids) == 8 and r.decode_worker_id == "d1"
+    with pytest.raises(KVTransferError, match="different nodes"):
+        await eng.generate_pd("p1", "w0", req("t/2#0"))
+    assert await eng.healthy("w0") and await eng.weight_version("w0") == 0
+    async with aiohttp.ClientSession() as http:
+        health = await na.AgentClient(agents["node1"].url, TOKEN, http).health()
+    assert health["workers"] == {"d1": True, "p1": True} and health["rank"] == 1
+    await eng.stop("w0")
+    assert agents["node0"].workers == set()
+
+
+async def test_engine_errors_cross_the_wire_typed(remote) -> None:
+    eng, agents = remote
+    agents["node0"].engine.fail_next_launch("w9")
+    with pytest.raises(EngineStartError):
+        await eng.launch(ServerSpec("w9", ("n0-g3",), Role.COLOCATED, weights="v0"))
+    with pytest.raises(EngineStartError, match="no node agent"):
+        await eng.launch(ServerSpec("w8", ("n7-g0",), Role.COLOCATED, weights="v0"))
+
+
+async def test_agent_needs_the_token_and_allowlists_children(remote) -> None:
+    _, agents = remote
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{agents['node0'].url}/agent/v1/health") as resp:
+            assert resp.status == 401
+        c = na.AgentClient(agents["node0"].url, TOKEN, http)
+        assert (await c.health())["node"] == "node0"
+        with pytest.raises(RuntimeError, match="not allowed"):
+            await c.post("/agent/v1/children/x/start", {"module": "os", "args": []})
+        await c.shutdown()
+    assert agents["node0"].shutdown_requested.is_set()
+
+
+def test_wire_round_trips() -> None:
+    spec = ServerSpec("w", ("g0", "g1"), Role.DECODE, "v3", 3, 0, "127.0.0.1", {"a": "b"})
+    assert na.spec_from_dict(na.spec_to_dict(spec)) == spec
+    r = req("x/1#2")
+    assert na.request_from_dict(na.request_to_dict(r)) == r
+    res = GenerateResult("x", (1, 2), (-0.5, -0.25), FinishReason.ABORT, 2, 10, 4, RequestTimings(1.0, 2.0), "w", "d")
+    assert na.result_from_dict(na.result_to_dict(res)) == res
+    err = EngineDeadError("w", "gone", 137, "oom", res)
+    back = na.error_from_dict(na.error_to_dict(err))
+    assert type(back) is EngineDeadError and str(back) == str(err) and back.partial == res
+    kv = KVTransferError("d", "lost", res)
+    back = na.error_from_dict(na.error_to_dict(kv))
+    assert type(back) is KVTransferError and back.partial == res and str(back) == str(kv)
+
+
+@pytest.mark.slow
+async def test_agent_runs_a_real_trainer_rank(remote, tmp_path) -> None:
+    """The agent launches ``pearl.train.trainer`` (tiny Qwen3, one rank) and relays its line protocol."""
+    from tests.conftest import MODELS_DIR
+
+    model = MODELS_DIR / "tiny-qwen3"
+    if not (model / "config.json").is_file():
+        pytest.skip("tiny-qwen3 not built: python -m pearl.models build --out .models")
+    _, agents = remote
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+           "OMP_NUM_THREADS": "1"}
+    async with aiohttp.ClientSession() as http:
+        c = na.AgentClient(agents["node1"].url, TOKEN, http)
+        started = await c.post("/agent/v1/children/trainer-0/start", {
+            "module": "pearl.train.trainer", "args": ["--model", str(model), "--work-dir", str(tmp_path)],
+            "env": env, "first_line_timeout_s": 240})
+        assert started["first"]["ok"] is True and started["first"]["step"] == 0
+        health = await c.health()
+        assert health["children"]["trainer-0"]["returncode"] is None
+        digest = await c.post("/agent/v1/children/trainer-0/send", {"line": {"cmd": "digest"}})
+        assert digest["reply"]["ok"] and len(digest["reply"]["digest"]) == 64
+        bye = await c.post("/agent/v1/children/trainer-0/send", {"line": {"cmd": "shutdown"}})
+        assert bye["reply"] == {"ok": True}
+        assert (await c.post("/agent/v1/children/trainer-0/stop", {}))["returncode"] == 0
+
+
+async def test_unreachable_agent_is_a_dead_engine(remote) -> None:
+    eng, agents = remote
+    await eng.launch(ServerSpec("w5", ("n1-g5",), Role.COLOCATED, weights="v0"))
+    await agents["node1"].close()  # the node goes away
+    with pytest.raises(EngineDeadError, match="unreachable"):
+        await eng.generate("w5", req("t/5#0"))

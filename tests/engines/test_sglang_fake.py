@@ -1,0 +1,194 @@
+"""``SglangEngine`` against the fake SGLang server, launched as real child processes.
+
+The fake's "model" is ``sglang_fake.next_token`` (a pure function of the context and the loaded
+weights), so expected outputs are computed here independently of the adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from pearl.core.state import Role
+from pearl.engines.base import (
+    EngineDeadError,
+    EngineError,
+    EngineStartError,
+    FinishReason,
+    GenerateRequest,
+    InferenceEngine,
+    KVTransferError,
+    SamplingParams,
+    ServerSpec,
+)
+from pearl.engines.resume import continuation_request, generated_tokens
+from pearl.engines.sglang import SglangEngine, SglangSettings
+from pearl.engines.sglang_fake import next_token
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROMPT = tuple(range(500, 520))
+
+
+def fake_settings(delay: float = 0.002, **kw: object) -> SglangSettings:
+    return SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=60,
+                          extra_args=("--token-delay-s", str(delay)), **kw)  # type: ignore[arg-type]
+
+
+def expected(model_path: str, prompt: tuple[int, ...], n: int) -> tuple[list[int], list[float]]:
+    seed = zlib.crc32(model_path.encode())
+    ctx, toks, lps = list(prompt), [], []
+    for _ in range(n):
+        t, lp = next_token(seed, ctx)
+        ctx.append(t)
+        toks.append(t)
+        lps.append(lp)
+    return toks, lps
+
+
+def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
+    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SglangEngine]:
+    eng = SglangEngine(tmp_path_factory.mktemp("sgl"), fake_settings(delay=0.01, enable_pd_role_switch=True))
+    try:
+        await asyncio.gather(
+            eng.launch(ServerSpec("c", ("0",), Role.COLOCATED, "base-model")),
+            eng.launch(ServerSpec("p", ("1",), Role.PREFILL, "base-model")),
+            eng.launch(ServerSpec("d", ("2",), Role.DECODE, "base-model")))
+        yield eng
+    finally:
+        await eng.close()
+
+
+async def test_contract_and_colocated_generate(engine: SglangEngine) -> None:
+    assert isinstance(engine, InferenceEngine)
+    res = await engine.generate("c", req("g1", 12))
+    toks, lps = expected("base-model", PROMPT, 12)
+    assert list(res.output_ids) == toks and list(res.logprobs) == pytest.approx(lps)
+    assert res.finish_reason is FinishReason.LENGTH and res.prompt_tokens == len(PROMPT)
+    assert res.weight_version == 0 and await engine.weight_version("c") == 0
+    assert await engine.healthy("c")
+    assert "--tp-size" in engine.server("c").command()
+
+
+async def test_stop_token_ends_request(engine: SglangEngine) -> None:
+    toks, _ = expected("base-model", PROMPT, 6)
+    r = GenerateRequest("st", PROMPT, SamplingParams(max_new_tokens=50, stop_token_ids=(toks[3],)))
+    res = await engine.generate("c", r)
+    assert res.finish_reason is FinishReason.STOP and list(res.output_ids) == toks[:4]
+
+
+async def test_pd_equals_colocated(engine: SglangEngine) -> None:
+    ref = await engine.generate("c", req("ref", 16))
+    pd = await engine.generate_pd("p", "d", req("pd", 16))
+    assert pd.output_ids == ref.output_ids and pd.logprobs == ref.logprobs
+    assert pd.worker_id == "p" and pd.decode_worker_id == "d"
+    assert pd.timings.prefill_s > 0 and pd.timings.decode_s > 0
+
+
+async def test_pd_without_a_prefill_server_is_a_kv_error(engine: SglangEngine) -> None:
+    with pytest.raises(KVTransferError, match="bootstrap"):
+        await engine.generate_pd("c", "d", req("nokv", 4))  # "c" runs no bootstrap server
+
+
+async def test_abort_keeps_partial_and_resume_is_seamless(engine: SglangEngine) -> None:
+    toks, _ = expected("base-model", PROMPT, 200)
+    original = req("ab", 200)
+    task = asyncio.create_task(engine.generate("c", original))
+    await asyncio.wait_for(engine.wait_tokens("ab", 5), 30)
+    await engine.abort("c", "ab")
+    part = await task
+    assert part.finish_reason is FinishReason.ABORT and 5 <= len(part.output_ids) < 200
+    cont = continuation_request(original, [part], attempt=1)
+    assert cont is not None
+    rest = await engine.generate("c", cont)
+    assert generated_tokens([part, rest]) == toks
+
+
+async def test_pause_in_place_then_continue_and_pause_abort(engine: SglangEngine) -> None:
+    task = asyncio.create_task(engine.generate("c", req("pz", 60)))
+    await asyncio.wait_for(engine.wait_tokens("pz", 3), 30)
+    await engine.pause("c")
+    await engine.resume("c")
+    res = await task
+    assert res.finish_reason is FinishReason.LENGTH and len(res.output_ids) == 60
+    task = asyncio.create_task(engine.generate("c", req("pa", 500)))
+    await asyncio.wait_for(engine.wait_tokens("pa", 3), 30)
+    await engine.pause("c", mode="abort")
+    part = await task
+    assert part.finish_reason is FinishReason.ABORT and len(part.output_ids) >= 3
+    await engine.resume("c")
+
+
+async def test_weight_updates_disk_and_distributed(engine: SglangEngine) -> None:
+    await engine.load_weights("c", "/snapshots/v1", 1)
+    assert await engine.weight_version("c") == 1
+    res = await engine.generate("c", req("w1", 8))
+    assert list(res.output_ids) == expected("/snapshots/v1", PROMPT, 8)[0] and res.weight_version == 1
+    with pytest.raises(EngineError, match="not initialized"):
+        await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 2, group_name="nope")
+    await engine.init_weights_group("c", "127.0.0.1", 29500, 1, 2)
+    await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 2)
+    assert await engine.weight_version("c") == 2
+    assert (await engine.generate("c", req("w2", 4))).weight_version == 2
+
+
+async def test_release_and_resume_memory(engine: SglangEngine) -> None:
+    await engine.release_memory("c")
+    with pytest.raises(EngineError, match="memory released"):
+        await engine.generate("c", req("rel", 4))
+    await engine.resume_memory("c")
+    assert len((await engine.generate("c", req("rel2", 4))).output_ids) == 4
+
+
+async def test_role_switch_in_place_and_by_relaunch(engine: SglangEngine) -> None:
+    pid = engine.server("d").proc.pid  # type: ignore[union-attr]
+    await engine.set_role("d", Role.PREFILL)
+    await engine.set_role("p", Role.DECODE)
+    assert engine.server("d").proc.pid == pid  # type: ignore[union-attr]  # in place
+    ref = await engine.generate("c", req("sw-ref", 8, PROMPT[:5]))
+    pd = await engine.generate_pd("d", "p", req("sw", 8, PROMPT[:5]))
+    assert list(pd.output_ids) == expected("base-model", PROMPT[:5], 8)[0]
+    assert ref.weight_version == 2  # "c" has other weights; the PD pair still runs the base model
+    await engine.set_role("c", Role.DECODE)  # colocated -> decode needs a relaunch
+    assert engine.server("c").mode == "decode" and engine.last_role_change_s > 0
+    assert await engine.weight_version("c") == 2  # the relaunch keeps the reported version
+
+
+async def test_server_killed_mid_generation_raises_with_partial(tmp_path: Path) -> None:
+    eng = SglangEngine(tmp_path, fake_settings(delay=0.01))
+    try:
+        await eng.launch(ServerSpec("k", ("0",), Role.COLOCATED, "base-model"))
+        task = asyncio.create_task(eng.generate("k", req("kill", 1000)))
+        await asyncio.wait_for(eng.wait_tokens("kill", 4), 30)
+        os.kill(eng.server("k").proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        with pytest.raises(EngineDeadError) as err:
+            await asyncio.wait_for(task, 30)
+        assert err.value.exit_code == -signal.SIGKILL
+        assert err.value.partial is not None and len(err.value.partial.output_ids) >= 4
+        assert err.value.partial.finish_reason is FinishReason.ABORT
+        assert not await eng.healthy("k")
+        with pytest.raises(EngineDeadError, match="not running"):
+            await eng.generate("k", req("after", 2))
+    finally:
+        await eng.close()
+
+
+async def test_launch_failure_names_exit_code_and_log(tmp_path: Path) -> None:
+    eng = SglangEngine(tmp_path, SglangSettings(python=sys.executable, module="pearl.no_such_module",
+                                                start_timeout_s=60))
+    with pytest.raises(EngineStartError) as err:
+        await eng.launch(ServerSpec("bad", (), Role.COLOCATED, "m"))
+    assert err.value.exit_code == 1 and "No module named" in err.value.log_tail
+    await eng.close()

@@ -1,0 +1,123 @@
+"""Key faults against real vLLM servers on this CPU, through the real controller: rollout continues.
+
+One controller drives two tiny-Qwen3 vLLM servers (1 prefill + 1 decode: the minimum for a PD
+topology) behind ``ChaosEngine``; one test, in steps, because every server start costs a minute
+on two shared cores:
+
+1. a KV transfer the decode side refuses (injected at the engine boundary: NIXL offers no switch
+   to make a healthy decode server refuse; the runtime sees exactly ``KVTransferError``);
+2. ``kill -9`` of a vLLM server process mid-request (real): the streamed partial output is kept,
+   the dead worker leaves the topology, a replacement server is launched and admitted;
+3. a weight load that fails (the new snapshot folder's weights are corrupt: a real vLLM load
+   error) on one server: that worker is replaced, rollout goes on with the others.
+
+After each step the rollout batch in flight completes with every trajectory, and every attempt of
+every turn started from the prompt plus all tokens already received (no partial output dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pearl.config import CONFIG_DIR, RunConfig, load_config
+from pearl.engines.vllm import VllmEngine
+from pearl.engines.vllm_server import VllmSettings
+from pearl.reliability.faults import ChaosEngine
+from pearl.runtime.clock import LoopClock
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _config(model: Path) -> RunConfig:
+    d = load_config("qwen3-8b-h200").model_dump()
+    tiny_spec = yaml.safe_load((CONFIG_DIR / "models" / "tiny-qwen3.yaml").read_text())
+    d["model"] = tiny_spec | {"path": str(model)}
+    d["cluster"].update(reserved_gpus=2, max_preemptible_gpus=0, training_gpus=0)
+    d["workload"].update(batch_size=4, group_size=2, max_trajectory_tokens=512, system_prompt_tokens=48,
+                         turns={"mean": 2, "cv": 0, "min": 2, "max": 2},
+                         observation_tokens={"mean": 16, "cv": 0, "min": 16, "max": 16},
+                         response_tokens={"mean": 48, "cv": 0, "min": 48, "max": 48},
+                         env_step_s={"mean": 0.2, "cv": 0, "min": 0.2, "max": 0.2}, test_run_prob=0.0)
+    d["policy"].update(allocation_overrides={2: "1P1D"}, max_staleness=100, borrow_enabled=False)
+    return RunConfig.model_validate(d)
+
+
+def _check_attempts(chaos: ChaosEngine) -> list[str]:
+    bad = []
+    for atts in chaos.attempts.values():
+        base, got = atts[0].input_len, 0
+        for a in atts:
+            if a.input_len != base + got:
+                bad.append(f"{a.rid}: starts at {a.input_len}, expected {base} + {got}")
+                break
+            if a.returned_tokens:
+                got += len(a.output_ids)
+    return bad
+
+
+async def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
+    from pearl.models import ensure_models
+    from pearl.runtime.controller import Controller
+    from pearl.sim.agents import SyntheticSessionFactory
+
+    tiny = ensure_models(names=("tiny-qwen3",))["tiny-qwen3"]
+    cfg = _config(tiny)
+    clock = LoopClock()
+    vllm = VllmEngine(tmp_path / "run", VllmSettings(max_model_len=1024, kv_cache_gib=1))
+    chaos = ChaosEngine(vllm)
+    ctrl = Controller(cfg, chaos, SyntheticSessionFactory(cfg.workload, clock), clock=clock,
+                      initial_weights=(0, str(tiny)))
+    await ctrl.start()
+    try:
+        st = ctrl.executor.state
+        assert sorted(w.role.value for w in st.workers.values()) == ["decode", "prefill"]
+        # 1. a refused KV transfer: the request is retried, the batch completes
+        chaos.armed.kv_transfer = 1
+        await asyncio.wait_for(ctrl.wait_batches(1), 600)
+        assert chaos.injected.get("kv_transfer_failure") == 1
+        # 2. kill -9 the decode server while it streams a request
+        dec = next(w for w in ctrl.executor.state.workers.values() if w.role.value == "decode").worker_id
+        await _wait(lambda: bool(chaos._calls.get(dec)), 300, f"a request on {dec}")
+        await asyncio.sleep(0.5)
+        proc = vllm.server(dec).proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        await _wait(lambda: dec not in ctrl.executor.state.workers, 120, f"{dec} removed from the topology")
+        await asyncio.wait_for(ctrl.wait_batches(2), 900)  # replacement launched + admitted, batch completes
+        roles = sorted(w.role.value for w in ctrl.executor.state.workers.values() if w.status.value == "active")
+        assert roles == ["decode", "prefill"], ctrl.executor.state.to_dict()
+        # 3. a weight load that fails for real: a snapshot whose weights file is corrupt
+        bad = tmp_path / "bad-snapshot"
+        shutil.copytree(tiny, bad)
+        for f in bad.glob("*.safetensors"):
+            f.write_bytes(b"not a safetensors file")
+        before = set(ctrl.executor.state.workers)
+        sync = asyncio.ensure_future(ctrl.pipeline.sync_weights(1, str(bad)))
+        await asyncio.wait_for(sync, 300)
+        assert any("weight sync v1" in f for f in ctrl.pipeline.failures), ctrl.pipeline.failures[-3:]
+        await _wait(lambda: not before & set(ctrl.executor.state.workers) or
+                    len(ctrl.pipeline.router.workers) == 2, 900, "the failed workers replaced")
+        await asyncio.wait_for(ctrl.wait_batches(3), 900)
+        assert ctrl.pipeline.stats.trajectories_failed == 0
+        assert ctrl.pipeline.stats.trajectories_completed >= 3 * cfg.workload.batch_size
+        assert _check_attempts(chaos) == []
+        assert any(a.raised == "EngineDeadError" and a.returned_tokens for atts in chaos.attempts.values()
+                   for a in atts), "the killed server's streamed partial output reached the runtime"
+    finally:
+        await ctrl.stop()

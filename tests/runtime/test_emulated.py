@@ -1,0 +1,205 @@
+"""The emulated engine: cost-model sanity, continuous batching, KV queueing, exact aborts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pearl.config import EmulatorSpec, HardwareSpec
+from pearl.core.state import Role
+from pearl.engines.base import EngineStartError, FinishReason, GenerateRequest, SamplingParams, ServerSpec
+from pearl.engines.emulated import EmulatedEngine
+from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
+from pearl.runtime.clock import LoopClock, run_virtual
+
+from .helpers import config
+
+
+def _costs(name: str = "qwen3-8b-h200") -> WorkerCosts:
+    cfg = config(name)
+    return WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator)
+
+
+def _req(rid: str, n_prompt: int, n_new: int, start: int = 1) -> GenerateRequest:
+    return GenerateRequest(rid, tuple(range(start, start + n_prompt)), SamplingParams(n_new))
+
+
+def test_decode_step_cost_grows_with_batch_and_kv() -> None:
+    c = _costs()
+    assert c.decode_step_s(1, 1000) < c.decode_step_s(8, 8000) < c.decode_step_s(64, 64000)
+    assert c.decode_step_s(16, 16 * 1000) < c.decode_step_s(16, 16 * 20000)  # more KV to read
+    # memory-bound at small batch: one step reads all 16.4 GB of weights at 4.8 TB/s * 0.7
+    assert c.decode_step_s(1, 0) == pytest.approx(0.004 + 8.2e9 * 2 / (4.8e12 * 0.7))
+    # Qwen3-8B KV pool: (141 GB * 0.9 - 16.4 GB) / 144 KiB per token
+    assert c.kv_capacity_tokens == int((141e9 * 0.9 - 8.2e9 * 2) // 147456)
+
+
+def test_moe_reads_more_experts_with_a_larger_batch() -> None:
+    c = _costs("qwen3-30b-a3b-h200")
+    touched = [c.experts_touched(n) for n in (1, 4, 16, 64)]
+    assert touched[0] == pytest.approx(8.0)  # one token: its top-8 experts
+    assert touched == sorted(touched) and touched[-1] < 128
+    assert c.weight_read_bytes(1) < c.weight_read_bytes(16) < c.weight_read_bytes(64) < 30.5e9 * 2
+    assert _costs().weight_read_bytes(1) == _costs().weight_read_bytes(64)  # dense: all weights, always
+
+
+def test_span_sum_matches_step_by_step_and_inverts() -> None:
+    c = _costs()
+    for n, ctx in ((1, 500), (8, 8 * 4000), (48, 48 * 30000)):
+        a0, a1, m0, m1 = c.decode_line(n, ctx)
+        line = (c.overhead_s, a0, a1, m0, m1)
+        steps = [c.decode_step_s(n, ctx + n * j) for j in range(300)]
+        assert span_sum(300, *line) == pytest.approx(sum(steps), rel=1e-9)
+        assert steps_within(sum(steps[:137]) + 1e-7, 300, line) == 137
+        assert steps_within(sum(steps[:137]) - 1e-7, 300, line) == 136
+
+
+def _launch_all(eng: EmulatedEngine, *specs: tuple[str, Role]):
+    return asyncio.gather(*(eng.launch(ServerSpec(w, (w,), r, "")) for w, r in specs))
+
+
+def test_single_request_time_is_prefill_plus_decode_steps() -> None:
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock)
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        t0 = clock.now()
+        res = await eng.generate("w", _req("a/1", 3000, 100))
+        dt = clock.now() - t0
+        again = await eng.generate("w", _req("a/1#1", 3000, 100))
+        await eng.close()
+        return eng, res, again, dt
+
+    eng, res, again, dt = run_virtual(main())
+    c = eng.costs
+    prefill = c.prefill_chunk_s([(3000, 0)])
+    decode = sum(c.decode_step_s(1, 3001 + j) for j in range(99))  # the first token came from prefill
+    assert res.timings.prefill_s == pytest.approx(prefill)
+    assert res.timings.decode_s == pytest.approx(decode)
+    assert dt == pytest.approx(prefill + decode)
+    assert len(res.output_ids) == len(res.logprobs) == 100 and res.finish_reason is FinishReason.LENGTH
+    assert res.output_ids == again.output_ids  # deterministic synthetic tokens
+    assert again.cached_tokens == 2999  # prefix cache: everything but one prompt token
+
+
+def test_abort_returns_exactly_the_tokens_generated_so_far() -> None:
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock)
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        t0 = clock.now()
+        task = asyncio.create_task(eng.generate("w", _req("a/1", 1000, 1000)))
+        await clock.sleep(2.0)
+        await eng.abort("w")
+        res = await task
+        await eng.close()
+        return eng, res, clock.now() - t0
+
+    eng, res, elapsed = run_virtual(main())
+    c = eng.costs
+    t = c.prefill_chunk_s([(1000, 0)])
+    done = 1
+    while t + c.decode_step_s(1, 1000 + done) <= elapsed:
+        t += c.decode_step_s(1, 1000 + done)
+        done += 1
+    assert res.finish_reason is FinishReason.ABORT
+    assert len(res.output_ids) == len(res.logprobs) == done
+
+
+def test_prefill_interrupts_decode_on_a_colocated_worker() -> None:
+    async def main(with_arrival: bool):
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock)
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        a = asyncio.create_task(eng.generate("w", _req("a/1", 1000, 400)))
+        await clock.sleep(1.0)
+        if with_arrival:
+            await eng.generate("w", _req("b/1", 8000, 1, start=50_000))
+        res = await a
+        await eng.close()
+        return eng, res
+
+    eng, alone = run_virtual(main(False))
+    _, disturbed = run_virtual(main(True))
+    stall = eng.costs.prefill_chunk_s([(8000, 0)])
+    # A's decode stalled for B's whole prefill chunk (and is otherwise the same, up to B's decode step)
+    assert disturbed.timings.decode_s - alone.timings.decode_s == pytest.approx(stall, rel=0.05)
+    assert disturbed.output_ids == alone.output_ids
+
+
+def test_kv_capacity_queues_the_request_that_does_not_fit() -> None:
+    async def main():
+        clock = LoopClock()
+        cfg = config()
+        hw = HardwareSpec(**{**cfg.hardware.model_dump(), "memory_gb": 20.0})
+        eng = EmulatedEngine(cfg.model, hw, clock, EmulatorSpec())
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        cap = eng.costs.kv_capacity_tokens
+        n = cap // 2 + 10  # two of these do not fit together
+        assert 1000 < cap < 20_000  # (20 GB * 0.9 - 16.4 GB) / 144 KiB
+        t0 = clock.now()
+        first = asyncio.create_task(eng.generate("w", _req("a/1", n, 50)))
+        second = asyncio.create_task(eng.generate("w", _req("b/1", n, 50, start=60_000)))
+        r1 = await first
+        t1 = clock.now()
+        r2 = await second
+        await eng.close()
+        return cap, r1, r2, t1 - t0
+
+    _cap, r1, r2, t_first = run_virtual(main())
+    assert r1.timings.queue_s == 0.0
+    # the second waited in the queue exactly until the first freed its KV
+    assert r2.timings.queue_s == pytest.approx(t_first)
+
+
+def test_disaggregated_request_pays_kv_transfer() -> None:
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock)
+        await _launch_all(eng, ("p", Role.PREFILL), ("d", Role.DECODE))
+        res = await eng.generate_pd("p", "d", _req("a/1", 10_000, 50))
+        await eng.close()
+        return eng, res
+
+    _eng, res = run_virtual(main())
+    # 10,000 tokens x 144 KiB at 50 GB/s + 2 ms latency
+    assert res.timings.transfer_s == pytest.approx(0.002 + 10_000 * 147456 / 50e9)
+    assert res.worker_id == "p" and res.decode_worker_id == "d"
+    assert len(res.output_ids) == 50
+
+
+def test_launch_times_and_injected_failure() -> None:
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock)
+        eng.fail_next_launch("bad")
+        t0 = clock.now()
+        await eng.launch(ServerSpec("ok", ("g0",), Role.COLOCATED, ""))
+        t_ok = clock.now() - t0
+        with pytest.raises(EngineStartError, match="injected"):
+            await eng.launch(ServerSpec("bad", ("g1",), Role.COLOCATED, ""))
+        healthy = await eng.healthy("ok"), await eng.healthy("bad")
+        await eng.close()
+        return t_ok, healthy
+
+    t_ok, healthy = run_virtual(main())
+    assert 56.0 <= t_ok <= 67.0
+    assert healthy == (True, False)
+
+
+def test_prefix_reuse_fraction_and_no_driver_crash() -> None:
+    async def main(reuse: float):
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(**{"emulator.prefix_reuse": reuse}), clock)
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        first = await eng.generate("w", _req("a/1", 3001, 10))
+        ctx = tuple(range(1, 3002)) + first.output_ids + tuple(range(90_000, 90_500))
+        second = await eng.generate("w", GenerateRequest("a/2", ctx, SamplingParams(10)))
+        await eng.close()
+        return second, eng.crashes
+
+    for reuse, expected in ((1.0, 3011), (0.5, 1505), (0.0, 0)):
+        second, crashes = run_virtual(main(reuse))
+        assert second.cached_tokens == expected and len(second.output_ids) == 10
+        assert crashes == []

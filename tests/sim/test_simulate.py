@@ -1,0 +1,115 @@
+"""Replays through the real Controller (emulated engine, virtual time) on a short, small segment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pearl.config import load_config
+from pearl.sim.cli import main
+from pearl.sim.simulate import run_simulation
+from pearl.sim.systems import SYSTEMS, apply_system
+from pearl.sim.traces import Trace, gpu_timeline
+
+SMALL = {"workload.batch_size": 16, "workload.max_trajectory_tokens": 8192}
+B = 16
+
+
+@pytest.fixture(scope="module")
+def result() -> dict[str, Any]:
+    cfg = load_config("qwen3-8b-h200", SMALL)
+    tl = gpu_timeline(Trace("t", 120.0, (0, 4, 4, 2, 2, 6, 6, 6)), cfg.cluster)
+    return run_simulation(cfg, tl, [SYSTEMS[s] for s in ("roll", "roll-large", "rlboost+", "pearl")])
+
+
+def test_summary_fields(result: dict[str, Any]) -> None:
+    for s in result["systems"].values():
+        for k in ("trajectories_per_hour", "rollout_steps", "train_steps", "gpu_hours", "cost_per_1k_trajectories",
+                  "reconfigurations", "makespan_prediction_error"):
+            assert k in s
+        assert s["rollout_steps"] >= 2 and s["train_steps"] >= 1
+        assert s["trajectories_per_hour"] > 0
+        assert set(s["gpu_hours"]) >= {"reserved", "preemptible", "borrowed", "training"}
+
+
+def test_nothing_lost(result: dict[str, Any]) -> None:
+    for name, s in result["systems"].items():
+        admitted = B * (s["rollout_steps"] + (1 if s["trajectories_in_flight"] else 0))
+        total = s["trajectories_completed"] + s["trajectories_in_flight"] + s["trajectories_failed"]
+        assert total == admitted, name
+        assert s["trajectories_failed"] == 0, name
+        assert s["trajectories_trained"] <= B * s["rollout_steps"]
+
+
+def test_roll_is_fixed(result: dict[str, Any]) -> None:
+    r = result["systems"]["roll"]
+    assert r["gpu_hours"]["preemptible"] == 0 and r["gpu_hours"]["borrowed"] == 0
+    assert "borrow" not in r["reconfigurations"] and "expansion_started" not in r["reconfigurations"]
+    assert set(r["role_hours"]) <= {"colocated", "idle"}
+    hours = result["meta"]["duration_s"] / 3600
+    assert r["gpu_hours"]["reserved"] == pytest.approx(4 * hours, rel=0.02)
+
+
+def test_roll_large_pool(result: dict[str, Any]) -> None:
+    r = result["systems"]["roll-large"]
+    pool = 4 + round(result["meta"]["mean_preemptible_gpus"])
+    assert r["fixed_pool"] == pool
+    assert r["gpu_hours"]["reserved"] == pytest.approx(pool * result["meta"]["duration_s"] / 3600, rel=0.02)
+    assert r["gpu_hours"]["preemptible"] == 0
+
+
+def test_rlboost_uses_everything_colocated(result: dict[str, Any]) -> None:
+    r = result["systems"]["rlboost+"]
+    assert r["gpu_hours"]["preemptible"] > 0
+    assert r["reconfigurations"].get("borrow", 0) >= 1 and r["gpu_hours"]["borrowed"] > 0
+    assert "prefill" not in r["role_hours"] and "decode" not in r["role_hours"]
+    assert "mode_switch" not in r["reconfigurations"]
+
+
+def test_pearl_uses_preemptible(result: dict[str, Any]) -> None:
+    p = result["systems"]["pearl"]
+    assert p["gpu_hours"]["preemptible"] > 0
+    assert p["reconfigurations"].get("shrink", 0) >= 1  # the trace drops 4 -> 2
+
+
+def test_series_for_report(result: dict[str, Any]) -> None:
+    for s in result["series"].values():
+        assert s["completions"] == sorted(s["completions"])
+        assert all(c in {"prefill", "decode", "colocated", "idle", "borrowed"} for *_x, c in s["timeline"])
+        assert s["budget"][0] == [0.0, 0]
+
+
+def test_apply_system_knobs() -> None:
+    cfg = load_config("qwen3-8b-h200")
+    c = apply_system(cfg, SYSTEMS["rlboost+"])
+    assert (c.policy.use_preemptible, c.policy.borrow_enabled, c.policy.allow_disaggregation,
+            c.policy.gate_enabled) == (True, True, False, False)
+    c = apply_system(cfg, SYSTEMS["roll-large"], fixed_pool=12)
+    assert c.cluster.reserved_gpus == 12 and c.cluster.max_preemptible_gpus == 0
+
+
+def test_cli_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tr = tmp_path / "t.csv"
+    tr.write_text("time_s,available\n0,0\n120,4\n480,4\n")
+    rc = main(["simulate", "--config", "qwen3-8b-h200", "--trace", str(tr), "--hours", "0.15",
+               "--systems", "roll,oracle", "--json", "--set", "workload.batch_size=16",
+               "--set", "workload.max_trajectory_tokens=8192"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"systems", "wall_s"} and set(out["systems"]) == {"roll", "oracle"}
+    assert out["systems"]["oracle"]["allocation_overrides"]
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time_s,available\n0,x\n")
+    assert main(["simulate", "--trace", str(bad), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "line 2" in err
+    good = tmp_path / "g.csv"
+    good.write_text("time_s,available\n0,1\n7200,1\n")
+    assert main(["simulate", "--trace", str(good), "--systems", "roll,nope", "--json"]) == 2
+    assert "unknown system 'nope'" in capsys.readouterr().err

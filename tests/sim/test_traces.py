@@ -1,0 +1,144 @@
+"""Trace parsing (JSON + CSV, broken files), GPU mapping, events and the segment picker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from pearl.config import ClusterSpec
+from pearl.core.events import GpusGranted, ReclaimNotice
+from pearl.sim.traces import (
+    Trace,
+    TraceError,
+    gpu_timeline,
+    load_trace,
+    pick_segments,
+    trace_events,
+)
+from tests.conftest import SHARED_DIR
+
+SPOT = SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    p = write(tmp_path, "t.json", json.dumps({"metadata": {"gap_seconds": 300}, "data": [0, 3, 3, 16]}))
+    t = load_trace(p)
+    assert t.gap_s == 300.0 and t.counts == (0, 3, 3, 16) and t.duration_s == 1200.0
+
+
+def test_real_spot_trace_loads() -> None:
+    t = load_trace(SPOT / "us-east-2b_v100_1.json")
+    assert t.gap_s == 300.0 and len(t.counts) == 3247 and max(t.counts) == 16
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"metadata": {"gap_seconds": 300}, "data": [1, 2,', "line 1"),
+        ('{"metadata": {}, "data": [1]}', "metadata.gap_seconds"),
+        ('{"metadata": {"gap_seconds": -5}, "data": [1]}', "metadata.gap_seconds"),
+        ('{"metadata": {"gap_seconds": 300}, "data": [1, -2]}', "data[1]"),
+        ('{"metadata": {"gap_seconds": 300}, "data": [1, "x"]}', "data[1]"),
+        ('{"metadata": {"gap_seconds": 300}, "data": []}', "'data'"),
+        ("[1, 2]", "top level"),
+    ],
+)
+def test_broken_json_names_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, "bad.json", text)
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_csv_change_points(tmp_path: Path) -> None:
+    p = write(tmp_path, "t.csv", "time_s,available\n0,2\n600,5\n900,0\n")
+    t = load_trace(p)
+    assert t.gap_s == 300.0 and t.counts == (2, 2, 5, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("time,avail\n0,1\n", "line 1"),
+        ("time_s,available\n0,1\n300,x\n", "line 3: field 'available'"),
+        ("time_s,available\n0,1\nabc,2\n", "line 3: field 'time_s'"),
+        ("time_s,available\n0,1\n300,2\n300,3\n", "line 4: field 'time_s'"),
+        ("time_s,available\n5,1\n", "line 2"),
+        ("time_s,available\n0,1,2\n", "line 2: expected 2 fields"),
+        ("time_s,available\n0,-1\n", "line 2: field 'available'"),
+    ],
+)
+def test_broken_csv_names_file_line_field(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, "bad.csv", text)
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_missing_file_named(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"nope\.json"):
+        load_trace(tmp_path / "nope.json")
+
+
+def test_segment_bounds() -> None:
+    t = Trace("x", 300.0, tuple(range(48)))
+    s = t.segment(3600.0, 7200.0)
+    assert s.counts == tuple(range(12, 36)) and s.start_s == 3600.0
+    with pytest.raises(TraceError, match="past the trace end"):
+        t.segment(10 * 3600.0, 7200.0)
+
+
+def test_gpu_mapping_clips_whole_instances() -> None:
+    t = Trace("x", 300.0, (0, 3, 16, 5))
+    assert gpu_timeline(t, ClusterSpec(max_preemptible_gpus=12)).gpus == (0, 3, 12, 5)
+    tl = gpu_timeline(t, ClusterSpec(max_preemptible_gpus=12, gpus_per_instance=8))
+    assert tl.gpus == (0, 8, 8, 8)  # 12 // 8 = 1 instance at most
+
+
+def test_events_grant_and_notice() -> None:
+    tl = gpu_timeline(Trace("x", 300.0, (0, 3, 5, 2, 2)), ClusterSpec())
+    ev = trace_events(tl, notice_s=120.0)
+    assert [type(e.event) for e in ev] == [GpusGranted, GpusGranted, ReclaimNotice]
+    g1, g2, r = ev
+    assert g1.at_s == 300.0 and [g.gpu_id for g in g1.event.gpus] == ["spot-00", "spot-01", "spot-02"]
+    assert [g.gpu_id for g in g2.event.gpus] == ["spot-03", "spot-04"]
+    assert isinstance(r.event, ReclaimNotice)
+    assert r.at_s == 900.0 - 120.0 and r.event.deadline == 900.0
+    assert r.event.gpu_ids == ("spot-02", "spot-03", "spot-04")  # LIFO
+    # GPU accounting: every GPU granted is reclaimed at most once and the final count matches
+    up: set[str] = set()
+    for e in ev:
+        if isinstance(e.event, GpusGranted):
+            up |= {g.gpu_id for g in e.event.gpus}
+        else:
+            assert set(e.event.gpu_ids) <= up
+            up -= set(e.event.gpu_ids)
+    assert len(up) == tl.gpus[-1]
+
+
+def test_notice_not_before_previous_change() -> None:
+    tl = gpu_timeline(Trace("x", 60.0, (4, 2)), ClusterSpec())
+    ev = trace_events(tl, notice_s=120.0)
+    assert ev[1].at_s == 0.0 and ev[1].event.deadline == 60.0
+
+
+def test_picker_on_real_trace() -> None:
+    t = load_trace(SPOT / "us-west-2a_v100_1.json")
+    cl = ClusterSpec()
+    picks = pick_segments(t, cl, hours=2.0)
+    assert set(picks) == {"abundant", "volatile", "scarce"}
+    tl = {k: gpu_timeline(t.segment(p.start_hour * 3600, 7200), cl) for k, p in picks.items()}
+    assert tl["abundant"].mean >= tl["volatile"].mean >= 0
+    assert tl["abundant"].mean >= tl["scarce"].mean >= cl.max_preemptible_gpus / 4
+    assert tl["volatile"].n_changes >= max(tl["abundant"].n_changes, tl["scarce"].n_changes)
+    starts = sorted(p.start_hour for p in picks.values())
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(starts))  # disjoint

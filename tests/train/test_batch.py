@@ -1,0 +1,103 @@
+"""Staleness filtering, samples, sharding and padding (pearl/train/batch.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus
+from pearl.train.batch import (
+    BatchError,
+    Sample,
+    filter_records,
+    make_samples,
+    micro_batches,
+    pad,
+    shard_samples,
+)
+
+
+def rec(tid: str, group: str, version: int | tuple[int, ...], reward: float = 0.0, n_resp: int = 2,
+        status: TrajectoryStatus = TrajectoryStatus.COMPLETED) -> TrajectoryRecord:
+    versions = version if isinstance(version, tuple) else (version,)
+    segs = [Segment((1, 2, 3), False)]
+    for i, v in enumerate(versions):
+        segs.append(Segment(tuple(range(10, 10 + n_resp)), True, tuple([-0.5] * n_resp), v, turn=i))
+        segs.append(Segment((4,), False, turn=i))
+    return TrajectoryRecord(tid, group, tuple(segs), reward=reward, status=status)
+
+
+def test_staleness_filter_counts_exactly() -> None:
+    records = [
+        rec("fresh", "g", 5),
+        rec("lag1", "g", 4),
+        rec("lag2", "g", 3),  # stale for max_staleness=1
+        rec("mixed", "g", (3, 5)),  # oldest token version 3 -> stale
+        rec("empty", "g", 5, n_resp=0),
+        rec("noversion", "g", -1),
+        rec("failed", "g", 5, status=TrajectoryStatus.FAILED),
+    ]
+    kept, rep = filter_records(records, current_version=5, max_staleness=1)
+    assert [r.traj_id for r in kept] == ["fresh", "lag1"]
+    assert (rep.kept, rep.dropped_stale, rep.dropped_empty, rep.dropped_unversioned, rep.dropped_status) == (
+        2, 2, 1, 1, 1)
+    assert rep.dropped == 5
+    assert rep.max_staleness_seen == 2
+    assert set(rep.dropped_ids) == {"lag2", "mixed", "empty", "noversion", "failed"}
+    kept0, rep0 = filter_records(records[:3], current_version=5, max_staleness=0)
+    assert [r.traj_id for r in kept0] == ["fresh"] and rep0.dropped_stale == 2
+
+
+def test_future_version_is_rejected_with_a_clear_error() -> None:
+    with pytest.raises(BatchError, match=r"'ahead'.*policy_version 7 > trainer version 5"):
+        filter_records([rec("ahead", "g", 7)], current_version=5, max_staleness=1)
+    with pytest.raises(BatchError, match="max_staleness"):
+        filter_records([], 0, -1)
+
+
+def test_make_samples_group_advantages_and_alignment() -> None:
+    records = [rec("a", "g1", 0, 1.0), rec("b", "g1", 0, 0.0), rec("c", "g2", 0, 3.0), rec("d", "g2", 0, 3.0)]
+    samples = make_samples(records)
+    a = 0.5 / math.sqrt(0.5)  # group g1: mean .5, unbiased std sqrt(.5)
+    assert [s.advantage for s in samples] == pytest.approx([a, -a, 0.0, 0.0], abs=1e-5)
+    s = samples[0]
+    assert s.token_ids == (1, 2, 3, 10, 11, 4)
+    assert s.loss_mask == (0, 0, 0, 1, 1, 0)
+    assert s.logprobs == (0.0, 0.0, 0.0, -0.5, -0.5, 0.0)
+    assert s.n_loss_tokens == 2
+    assert Sample.from_wire(s.to_wire()) == s
+
+
+def test_shard_balances_tokens_and_keeps_every_sample() -> None:
+    lens = [9, 8, 7, 3, 2, 2, 1]
+    samples = [Sample(tuple(range(n)), (0,) * n, (0.0,) * n, float(i)) for i, n in enumerate(lens)]
+    shards = shard_samples(samples, 2)
+    assert sorted(s.advantage for sh in shards for s in sh) == [float(i) for i in range(len(lens))]
+    loads = [sum(len(s.token_ids) for s in sh) for sh in shards]
+    assert loads == [16, 16]  # LPT: 9+3+2+2 / 8+7+1
+    assert shard_samples(samples[:1], 3)[1:] == [[], []]
+
+
+def test_micro_batches_respect_padded_budget() -> None:
+    samples = [Sample(tuple(range(n)), (0,) * n, (0.0,) * n, 0.0) for n in (5, 4, 3, 3, 12)]
+    mbs = micro_batches(samples, max_tokens=10)
+    assert [[len(s.token_ids) for s in mb] for mb in mbs] == [[3, 3], [4, 5], [12]]  # 2 x 5 = 10 fits
+    for mb in mbs:
+        assert len(mb) * max(len(s.token_ids) for s in mb) <= 10 or len(mb) == 1
+
+
+def test_pad_shifts_for_next_token_prediction() -> None:
+    s1 = Sample((5, 6, 7), (0, 1, 1), (0.0, -1.0, -2.0), 1.5)
+    s2 = Sample((8, 9), (0, 1), (0.0, -3.0), -1.0)
+    pb = pad([s1, s2], pad_id=0)
+    assert pb.input_ids.tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert pb.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert pb.targets.tolist() == [[6, 7], [9, 0]]
+    assert pb.loss_mask.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    assert pb.old_logprobs.tolist() == [[-1.0, -2.0], [-3.0, 0.0]]
+    torch.testing.assert_close(pb.advantages, torch.tensor([1.5, -1.0]))
+    assert pb.n_loss_tokens == 3
+    with pytest.raises(BatchError, match="empty"):
+        pad([])

@@ -1,0 +1,180 @@
+"""TrainerClient with real rank processes: 2-rank gloo replication, events, staleness, broadcast."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pearl.config import TrainSpec
+from pearl.core.events import TrainingFinished, TrainingStarted
+from pearl.core.trajectory import TrajectoryRecord
+from pearl.train.batch import BatchError
+from pearl.train.client import TrainerClient, TrainerError, free_port
+from pearl.train.toytask import ToyTask
+
+SPEC = TrainSpec(learning_rate=1e-3, micro_batch_tokens=64)
+
+
+def records(micro_model: Path, version: int, seed: int) -> list[TrajectoryRecord]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(micro_model, dtype=torch.float32)
+    return ToyTask(vocab_size=512, n_groups=3, group_size=4).rollout(model, version, seed)
+
+
+def checkpoint_model(work: Path, step: int) -> dict[str, torch.Tensor]:
+    ck = torch.load(work / "checkpoints" / f"step-{step:06d}" / "trainer.pt", map_location="cpu")
+    return ck["model"]
+
+
+async def test_two_gloo_ranks_stay_identical_and_match_one_rank(micro_model: Path, tmp_path: Path) -> None:
+    recs = records(micro_model, 0, seed=5)
+    events: list[object] = []
+
+    async def sink(ev: TrainingStarted | TrainingFinished) -> None:
+        events.append(ev)
+
+    two = TrainerClient(micro_model, tmp_path / "two", SPEC.model_copy(update={"world_size": 2}),
+                        max_staleness=1, on_event=sink, threads_per_rank=1)
+    one = TrainerClient(micro_model, tmp_path / "one", SPEC, max_staleness=1, threads_per_rank=1)
+    await asyncio.gather(two.start(), one.start())
+    try:
+        res2, res1 = await asyncio.gather(two.train_step(recs), one.train_step(recs))
+        d = await two.digests()
+        assert len(d) == 2 and d[0] == d[1]  # bitwise-identical replicas after the all-reduce
+        assert res2.version == res1.version == 1 == two.version
+        assert res2.metrics["loss"] == pytest.approx(res1.metrics["loss"], abs=1e-6)  # ~0 on-policy
+        assert res2.metrics["ratio_mean"] == pytest.approx(res1.metrics["ratio_mean"], rel=1e-6)
+        assert res2.metrics["tokens"] == res1.metrics["tokens"] == 12 * 8
+        w2, w1 = checkpoint_model(tmp_path / "two", 1), checkpoint_model(tmp_path / "one", 1)
+        # Summed gradients = the global loss's gradient: the 2-rank update equals the 1-rank update
+        # up to float summation order. Adam's first step moves each weight by ~lr = 1e-3; we allow 1% of it.
+        from safetensors.torch import load_file
+
+        w0 = load_file(str(micro_model / "model.safetensors"))
+        moved = 0
+        for k in w1:
+            torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5)
+            moved += int(((w1[k] - w0[k]).abs() > 5e-4).sum())
+        assert moved > 10_000
+        assert [type(e) for e in events] == [TrainingStarted, TrainingFinished]
+        assert events[0] == TrainingStarted(step=1, event_id="train-start-1")
+        fin = events[1]
+        assert isinstance(fin, TrainingFinished) and fin.weight_version == 1 and fin.expected_idle_s is None
+        assert {"forward_backward_s", "allreduce_s", "snapshot_s", "checkpoint_s", "gpu_return_wait_s"} <= set(
+            res2.timings)
+
+        # Staleness: version-0 records at trainer version 1 with max_staleness=0 -> all dropped, no update.
+        two.max_staleness = 0
+        skipped = await two.train_step(recs)
+        assert not skipped.updated and skipped.version == 1
+        assert skipped.report.dropped_stale == len(recs) and skipped.report.kept == 0
+        assert len(events) == 2  # no training happened, no notification
+
+        # A record from a version the trainer never produced: a clear error, the trainer stays usable.
+        with pytest.raises(BatchError, match="policy_version 9 > trainer version 1"):
+            await two.train_step(records(micro_model, 9, seed=6))
+
+        two.max_staleness = 1  # lag 1 is within the bound: trained, and the idle gap is now known
+        res = await two.train_step(recs)
+        assert res.version == 2 and res.report.kept == len(recs)
+        assert isinstance(events[-1], TrainingFinished) and events[-1].expected_idle_s is not None
+    finally:
+        await asyncio.gather(two.close(), one.close())
+
+
+async def test_training_waits_for_borrowed_gpus(micro_model: Path, tmp_path: Path) -> None:
+    """TrainingStarted is awaited before the ranks get the step: the toggle manager's return of
+    borrowed GPUs delays the update (and is timed), never overlaps it."""
+    returned = asyncio.Event()
+    started = asyncio.Event()
+    order: list[str] = []
+
+    async def sink(ev: TrainingStarted | TrainingFinished) -> None:
+        if isinstance(ev, TrainingStarted):
+            order.append("started")
+            started.set()
+            await returned.wait()
+            order.append("gpus back")
+        else:
+            order.append("finished")
+
+    async with TrainerClient(micro_model, tmp_path, SPEC, max_staleness=1, on_event=sink) as c:
+        task = asyncio.create_task(c.train_step(records(micro_model, 0, seed=1)))
+        await started.wait()
+        assert c.version == 0 and not task.done()
+        returned.set()
+        res = await task
+        assert order == ["started", "gpus back", "finished"] and res.version == 1
+        assert res.timings["gpu_return_wait_s"] > 0
+    # a restarted client resumes from the checkpoint at the same version
+    async with TrainerClient(micro_model, tmp_path, SPEC, max_staleness=1, resume=True) as again:
+        assert again.version == 1 and again.setup_info["resumed_from"].endswith("step-000001")
+
+
+async def test_weight_broadcast_reaches_the_vllm_worker_extension(micro_model: Path, tmp_path: Path) -> None:
+    """Trainer rank 0 hosts the gloo group; vLLM's worker extension (pearl.engines.vllm_worker_ext,
+    the code that runs inside each vLLM worker) joins and receives. Only vLLM's own
+    ``reload_weights`` is replaced by a recorder: that part needs a vLLM worker."""
+    from pearl.engines.vllm_worker_ext import PearlWorkerExtension
+
+    class Worker(PearlWorkerExtension):
+        got: dict[str, torch.Tensor]
+
+        def reload_weights(self, weights_iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+            self.got = {n: t.clone() for n, t in weights_iterator}
+
+    worker = Worker()
+    async with TrainerClient(micro_model, tmp_path, SPEC, max_staleness=1) as c:
+        await c.train_step(records(micro_model, 0, seed=2))
+        layout = await c.weight_layout()
+        assert [d for d, _ in layout] == ["bfloat16"]  # one bucket per dtype: one collective
+        port = free_port()
+        await asyncio.gather(c.init_broadcast("127.0.0.1", port, 1),
+                             asyncio.to_thread(worker.pearl_join_group, "127.0.0.1", port, 1, 2))
+        stats, n = await asyncio.gather(c.broadcast(), asyncio.to_thread(worker.pearl_receive, layout))
+        assert stats["version"] == 1 and stats["tensors"] == n == len(worker.got)
+        snap = checkpoint_model(tmp_path, 1)
+        assert set(worker.got) == set(snap)
+        for k, v in snap.items():
+            assert torch.equal(worker.got[k], v.to(torch.bfloat16)), k
+
+        # a second update reuses the group; a per-tensor layout (SGLang's order) also round-trips
+        await c.train_step(records(micro_model, 1, seed=3))
+        per_tensor = await c.weight_layout(per_tensor=True)
+        assert len(per_tensor) == len(snap)
+        group_stats, received = await asyncio.gather(c.broadcast(),
+                                                     asyncio.to_thread(worker.pearl_receive, per_tensor))
+        assert group_stats["version"] == 2 and received == len(snap)
+        snap2 = checkpoint_model(tmp_path, 2)
+        assert torch.equal(worker.got["lm_head.weight"], snap2["lm_head.weight"].to(torch.bfloat16))
+        worker.pearl_leave_group()
+
+
+async def test_setup_failure_names_the_rank(tmp_path: Path) -> None:
+    c = TrainerClient(tmp_path / "no-such-model", tmp_path / "w", SPEC, max_staleness=1)
+    with pytest.raises(TrainerError, match="setup failed on rank 0"):
+        await c.start()
+    await c.close()
+
+
+@pytest.mark.gpu
+async def test_two_nccl_fsdp2_ranks_match_one_rank(micro_model: Path, tmp_path: Path) -> None:
+    """GPU hosts only (2 GPUs): FSDP2 fully_shard + NCCL gives the 1-rank update."""
+    recs = records(micro_model, 0, seed=5)
+    gpu = SPEC.model_copy(update={"backend": "nccl", "fsdp": True})
+    two = TrainerClient(micro_model, tmp_path / "two", gpu.model_copy(update={"world_size": 2}),
+                        max_staleness=1, device="cuda")
+    one = TrainerClient(micro_model, tmp_path / "one", gpu, max_staleness=1, device="cuda")
+    await asyncio.gather(two.start(), one.start())
+    try:
+        await asyncio.gather(two.train_step(recs), one.train_step(recs))
+        w2, w1 = checkpoint_model(tmp_path / "two", 1), checkpoint_model(tmp_path / "one", 1)
+        for k in w1:
+            torch.testing.assert_close(w2[k].cpu(), w1[k].cpu(), rtol=0, atol=1e-5)
+    finally:
+        await asyncio.gather(two.close(), one.close())
