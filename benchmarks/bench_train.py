@@ -51,11 +51,12 @@ def synthetic_records(n: int, tokens: int, vocab: int, version: int, seed: int) 
     return out
 
 
-async def bench_step_and_sync(model: Path, seqs: int, tokens: int, steps: int, work: Path) -> dict[str, object]:
+async def bench_step_and_sync(model: Path, seqs: int, tokens: int, steps: int, work: Path,
+                              micro_batch_tokens: int) -> dict[str, object]:
     from transformers import AutoModelForCausalLM
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    spec = TrainSpec(learning_rate=1e-6, micro_batch_tokens=2048)
+    spec = TrainSpec(learning_rate=1e-6, micro_batch_tokens=micro_batch_tokens)
     rows = []
     async with TrainerClient(model, work, spec, max_staleness=1) as c:
         print(f"[step] {model.name}: {c.setup_info['n_params'] / 1e6:.1f} M params, rank setup "
@@ -93,15 +94,17 @@ async def bench_step_and_sync(model: Path, seqs: int, tokens: int, steps: int, w
     bc_s = min(r[0] for r in bc_runs)
     nbytes = bc_runs[0][2]
     out = {
-        "model": model.name, "seqs": seqs, "tokens_per_seq": tokens,
+        "model": model.name, "seqs": seqs, "tokens_per_seq": tokens, "micro_batch_tokens": micro_batch_tokens,
         "step_total_s": med("step_total_s"), "forward_backward_s": med("forward_backward_s"),
         "optimizer_s": med("optimizer_s"), "snapshot_write_s": write_s, "checkpoint_s": med("checkpoint_s"),
         "snapshot_load_s": load_s, "broadcast_s": bc_s, "broadcast_bytes": nbytes,
         "tokens_per_s": seqs * tokens / med("forward_backward_s"),
+        "update_cpu_s": med("update_cpu_s"),
     }
     print(f"[step] median step {out['step_total_s']:.2f} s (forward+backward {out['forward_backward_s']:.2f} s, "
           f"optimizer {out['optimizer_s']:.2f} s, snapshot {write_s:.2f} s, checkpoint {out['checkpoint_s']:.2f} s); "
-          f"{out['tokens_per_s']:.0f} train tokens/s")
+          f"{out['tokens_per_s']:.0f} train tokens/s; update CPU time {out['update_cpu_s']:.1f} CPU-s "
+          f"(wall / CPU-s shows the CPU share the rank got)")
     print(f"[sync] snapshot write {write_s:.2f} s + load {load_s:.2f} s = {write_s + load_s:.2f} s; "
           f"gloo broadcast {bc_s:.2f} s ({nbytes / 1e6:.0f} MB, {nbytes / bc_s / 1e9:.2f} GB/s); "
           f"broadcast / (write + load) = {bc_s / (write_s + load_s):.2f}")
@@ -134,6 +137,7 @@ async def main() -> None:
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048, help="padded tokens per forward/backward")
     ap.add_argument("--smoke-steps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="tiny model for the step figures too")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -143,9 +147,12 @@ async def main() -> None:
         if not (m / "model.safetensors").is_file():
             raise SystemExit(f"{m} missing: run `make models` (python -m pearl.models build --out .models)")
     with tempfile.TemporaryDirectory(prefix="pearl-bench-train-") as tmp:
-        figures = {"step": await bench_step_and_sync(big, args.seqs, args.tokens, args.steps, Path(tmp) / "step"),
-                   "reward_curve": await reward_curve(args.models / "tiny-qwen3", args.smoke_steps,
-                                                      Path(tmp) / "smoke")}
+        figures: dict[str, object] = {
+            "step": await bench_step_and_sync(big, args.seqs, args.tokens, args.steps, Path(tmp) / "step",
+                                              args.micro_batch_tokens)}
+        if args.smoke_steps > 0:
+            figures["reward_curve"] = await reward_curve(args.models / "tiny-qwen3", args.smoke_steps,
+                                                         Path(tmp) / "smoke")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -317,8 +317,17 @@ class TrainSpec(_Strict):
     )
     checkpoint_keep: int = Field(default=2, ge=1, description="checkpoints kept on disk (oldest deleted)")
     checkpoint_every: int = Field(default=1, ge=1, description="write a resumable checkpoint every N updates")
-    fsdp: bool = Field(default=True, description="FSDP2 fully_shard on GPUs (CPU ranks always replicate)")
+    fsdp: Literal["gpu", "always", "never"] = Field(
+        default="gpu", description="FSDP2 fully_shard when world_size > 1: on GPU ranks only (CPU ranks replicate "
+        "and all-reduce), always (also CPU/gloo: exercises the GPU code path here), or never; true = gpu, "
+        "false = never"
+    )
     seed: int = 0
+
+    @field_validator("fsdp", mode="before")
+    @classmethod
+    def _fsdp_bool(cls, v: Any) -> Any:
+        return {True: "gpu", False: "never"}.get(v, v) if isinstance(v, bool) else v
 
 
 # ------------------------------------------------------------------------------------- admin

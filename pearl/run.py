@@ -116,15 +116,16 @@ def _resolve_model_path(cfg: RunConfig) -> Path:
     return path
 
 
-async def _replay_trace(controller: Any, cfg: RunConfig, t_start: float, notice_s: float) -> list[dict[str, Any]]:
-    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start)."""
+async def _replay_trace(controller: Any, cfg: RunConfig, t_start: float, notice_s: float,
+                        sent: list[dict[str, Any]]) -> None:
+    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start);
+    each submitted event is appended to ``sent`` (kept when the replayer is cancelled)."""
     from pearl.sim.traces import gpu_timeline, load_trace, trace_events
 
     if not cfg.trace:
-        return []
+        return
     trace = load_trace(_config_relative(cfg.trace))
     events = trace_events(gpu_timeline(trace, cfg.cluster), notice_s=notice_s)
-    sent: list[dict[str, Any]] = []
     for te in events:
         delay = t_start + te.at_s - time.monotonic()
         if delay > 0:
@@ -133,7 +134,6 @@ async def _replay_trace(controller: Any, cfg: RunConfig, t_start: float, notice_
         sent.append({"at_s": round(time.monotonic() - t_start, 1), "event": te.event.kind.value,
                      "event_id": te.event.event_id, "applied": res.applied})
         log.info("trace: %s at %.0f s (%s)", te.event.kind.value, time.monotonic() - t_start, res.detail or "queued")
-    return sent
 
 
 def _config_relative(p: str) -> Path:
@@ -144,6 +144,29 @@ def _config_relative(p: str) -> Path:
     return root / path
 
 
+def make_engine(cfg: RunConfig, run_dir: Path) -> Any:
+    """The real engine of ``engine.kind`` (vLLM on CPU or GPU hosts, SGLang on GPU hosts)."""
+    if cfg.engine.kind == "vllm":
+        from pearl.engines.vllm import VllmEngine
+
+        return VllmEngine.from_config(cfg.engine, run_dir)
+    from pearl.engines.sglang import SglangEngine, SglangSettings
+
+    return SglangEngine(run_dir, SglangSettings(start_timeout_s=cfg.engine.start_timeout_s,
+                                                request_timeout_s=cfg.engine.request_timeout_s,
+                                                extra_args=tuple(cfg.engine.extra_args)))
+
+
+def _with_costs(group: dict[str, Any]) -> dict[str, Any]:
+    """An expansion group with its measured costs: preparation (launch + load, in the background)
+    and finalisation (admission), seconds."""
+    g = dict(group)
+    start, ready, admitted = g.get("started_at"), g.get("ready_at"), g.get("admitted_at")
+    g["prep_s"] = round(ready - start, 2) if ready is not None and start is not None else None
+    g["final_s"] = round(admitted - ready, 2) if admitted is not None and ready is not None else None
+    return g
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
@@ -152,17 +175,15 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     """The end-to-end run; returns the summary (also written to ``out_dir/summary.json``)."""
     from envs.factory import build_suite, load_tokenizer, make_session_factory
     from pearl.engines.devicemap import DeviceMappedEngine
-    from pearl.engines.vllm import VllmEngine
     from pearl.obs.observer import RunObserver
     from pearl.runtime.controller import Controller
     from pearl.runtime.weights import WeightRegistry
     from pearl.train.client import TrainerClient
 
     times = RunTimes()
-    if cfg.engine.kind != "vllm":
-        raise RunError(f"`pearl run` drives real engines on this machine: engine.kind must be 'vllm', got "
-                       f"{cfg.engine.kind!r} (for the emulator use `pearl serve` or `pearl simulate`; for SGLang "
-                       "on GPUs use `pearl/main.py` under torchrun)")
+    if cfg.engine.kind == "emulated":
+        raise RunError("`pearl run` drives real engines: engine.kind must be 'vllm' or 'sglang', got 'emulated' "
+                       "(for the emulator use `pearl serve` or `pearl simulate`)")
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = _resolve_model_path(cfg)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(model_path)})})
@@ -173,7 +194,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     suite = await build_suite(cfg.env)
     factory = make_session_factory(suite, tokenizer, cfg)
     registry = WeightRegistry()
-    engine = DeviceMappedEngine(VllmEngine.from_config(cfg.engine, out_dir / "servers"), cfg.engine.device_map)
+    engine = DeviceMappedEngine(make_engine(cfg, out_dir / "servers"), cfg.engine.device_map)
     controller = Controller(cfg, engine, factory, None, initial_weights=(0, str(model_path)), registry=registry,
                             expected_lifetime_s=600.0)
 
@@ -186,7 +207,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
                            live=live, title=f"PEARL run: {cfg.name}")
     records: list[StepRecord] = []
-    trace_task: asyncio.Task[list[dict[str, Any]]] | None = None
+    trace_task: asyncio.Task[None] | None = None
+    trace_sent: list[dict[str, Any]] = []
     try:
         t_eng = time.monotonic()
         print("[pearl run] starting the trainer and the reserved inference workers ...", flush=True)
@@ -196,7 +218,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         t_roll = time.monotonic()
         observer.start()
         trace_task = asyncio.get_running_loop().create_task(
-            _replay_trace(controller, cfg, t_roll, notice_s), name="trace-replay")
+            _replay_trace(controller, cfg, t_roll, notice_s, trace_sent), name="trace-replay")
         while len(records) < steps:
             batch = await controller.take_batch()
             observer.note_batch(batch, trainer.version)
@@ -241,7 +263,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         "throughput_traj_per_h": round(prog.trajectories_completed / max(rollout_s, 1e-9) * 3600, 2),
         "reconfigurations": {
             "counts": summary_src.get("reconfigurations", {}),
-            "expansions": summary_src.get("expansions", []),
+            "expansions": [_with_costs(g) for g in summary_src.get("expansions", [])],
             "shrinks": summary_src.get("shrinks", []),
             "returns": summary_src.get("returns", []),
             "cost_estimates_s": summary_src.get("costs", {}),
@@ -256,6 +278,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             "training": round(times.train_s, 1),
             "weight_sync": round(times.sync_s, 1),
         },
+        "trace_events": trace_sent,
         "per_step": [
             {"step": r.step, "version": r.version, "trajectories": r.trajectories, "mean_reward": r.mean_reward,
              "train_s": round(r.train_s, 2), "sync_s": round(r.sync_s, 2),

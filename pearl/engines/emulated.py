@@ -231,6 +231,11 @@ class EmulatedEngine:
         if gpu:
             self._fail_next.add(f"gpu:{gpu}")
 
+    def token_at(self, conv: str, q: int) -> int:
+        """The token this engine generates at position ``q`` of conversation ``conv`` (read by the
+        invariant checker in ``pearl.reliability``: a token generated twice shifts positions)."""
+        return self._tok[(zlib.crc32(conv.encode()) + q) % self.vocab]
+
     def request_stages(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """``rid -> (stage, workers)`` of every in-flight request (read by fault injection:
         ``pearl.reliability``); stages: waiting, prefill, kv_wait, transfer, decode."""

@@ -15,13 +15,15 @@ for PD, the ``NixlConnector`` with ``kv_buffer_device: cpu`` and a distinct
 ``VLLM_NIXL_SIDE_CHANNEL_PORT``. It is started with ``start_new_session=True`` so that the engine
 core and worker children form one process group: when the API server dies (e.g. SIGKILL) the
 watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log file
-under the run directory; errors quote its tail.
+under the run directory; errors quote its tail. Each server is spawned with
+``PR_SET_PDEATHSIG=SIGTERM``: if the owning process dies without ``stop()``, the server goes too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -40,7 +42,17 @@ WORKER_EXTENSION = "pearl.engines.vllm_worker_ext.PearlWorkerExtension"
 SERVED_MODEL_NAME = "pearl"
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the engine's process dies, so a crashed
+    or killed owner (e.g. a timed-out test) never leaves servers running; SIGTERM lets the server
+    shut its own engine-core / worker children down."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +143,7 @@ class ChildServer:
             log.flush()
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=self.env(), start_new_session=True)
+                env=self.env(), start_new_session=True, preexec_fn=_die_with_parent)
         self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.spec.worker_id}")
         try:
             await asyncio.wait_for(self._wait_ready(), timeout=self.start_timeout_s)

@@ -121,7 +121,7 @@ class _Driver:
         self.inner = EmulatedEngine.from_config(cfg, self.clock)
         self.engine = ChaosEngine(self.inner)
         self.ctrl = Controller(cfg, self.engine, SyntheticSessionFactory(cfg.workload, self.clock), clock=self.clock)
-        self.checker = InvariantChecker(self.ctrl, self.engine, cfg.workload.batch_size, cfg.model.vocab_size)
+        self.checker = InvariantChecker(self.ctrl, self.engine, cfg.workload.batch_size, self.inner.token_at)
         self.phase_wait_s = phase_wait_s
         self.result = ChaosResult(seed)
         self.tasks: list[asyncio.Task[Any]] = []
@@ -167,7 +167,7 @@ class _Driver:
         except (UnknownResourceError, ValueError):
             return False
         except Exception as e:
-            self.checker._v("unexpected_error", f"submit {type(ev).__name__}: {type(e).__name__}: {e}")
+            self.checker.violation("unexpected_error", f"submit {type(ev).__name__}: {type(e).__name__}: {e}")
             return False
         return res.applied
 
@@ -355,7 +355,7 @@ class _Driver:
                 return
             applied += int(res.applied)
         if applied > (0 if expect_dup_first else 1):
-            self.checker._v("event_applied_twice", f"event {ev.event_id} applied {applied} times out of {n}")
+            self.checker.violation("event_applied_twice", f"event {ev.event_id} applied {applied} times out of {n}")
 
 
 # ---------------------------------------------------------------------------------- the run
@@ -409,7 +409,7 @@ async def _run(cfg: RunConfig, seed: int, events: int, mean_gap_s: float, quiet_
         while ctrl.pipeline.stats.rollout_step < target and clock.now() - t_quiet < 3600.0:
             await clock.wait(asyncio.ensure_future(ctrl.pipeline.wait_batch()), clock.now() + 60.0)
         if ctrl.pipeline.stats.rollout_step < target:
-            checker._v("trajectory_lost",
+            checker.violation("trajectory_lost",
                        f"quiet phase: {target - ctrl.pipeline.stats.rollout_step} batches not completed in 3600 s "
                        f"({ctrl.pipeline.stats.trajectories_in_flight} trajectories stuck in flight)")
         checker.check("end")

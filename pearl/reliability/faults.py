@@ -143,6 +143,10 @@ class ChaosEngine:
     async def close(self) -> None:
         await self.inner.close()
 
+    def inflight(self, worker_id: str) -> int:
+        """Generation calls in flight on ``worker_id`` through this wrapper."""
+        return len(self._calls.get(worker_id, {}))
+
     async def crash(self, worker_id: str) -> None:
         """The server dies now: in-flight calls end with ``EngineDeadError`` (partial kept)."""
         self.dead.add(worker_id)

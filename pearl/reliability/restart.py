@@ -31,7 +31,6 @@ from typing import Any
 
 from pearl.config import RunConfig
 from pearl.core.trajectory import TrajectoryRecord
-from pearl.reliability.invariants import expected_token
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.journal import Journal
 
@@ -178,11 +177,14 @@ def kill_and_restart(journal_path: str | Path, seed: int = 0, kill_after_batches
                 rep.problems.append(f"{t} turn {turn}: the journaled partial output is not the prefix after restart")
             else:
                 kept_tokens += len(want)
+    from pearl.engines.emulated import EmulatedEngine
+
+    token_at = EmulatedEngine.from_config(cfg, LoopClock()).token_at  # what the engine generates where
     bad = 0
     for r in delivered:
         q = 0
         for s in r.segments:
-            if s.trained and any(tok != expected_token(r.traj_id, q + i, cfg.model.vocab_size)
+            if s.trained and any(tok != token_at(r.traj_id, q + i)
                                  for i, tok in enumerate(s.token_ids)):
                 bad += 1
             q += len(s.token_ids)

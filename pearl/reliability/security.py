@@ -177,8 +177,16 @@ async def _probe(fuzz_per_route: int, seed: int) -> SecurityReport:
             async with http.get("/v1/progress", headers=auth) as resp:
                 if resp.status != 200:
                     rep.problems.append(f"GET /v1/progress after the fuzz: {resp.status}")
-            if ctrl.elastic._task is None or ctrl.elastic._task.done():
-                rep.problems.append("the elastic scheduler task died")
+            await asyncio.sleep(1.5)  # the burst drained the bucket
+            async with http.post("/v1/events/gpus-granted", json={"gpus": [{"gpu_id": "after-fuzz"}]},
+                                 headers=auth) as resp:
+                status = resp.status
+            try:  # a dead scheduler never drains its queue
+                await asyncio.wait_for(ctrl.elastic.idle(), 30)
+            except TimeoutError:
+                rep.problems.append("the elastic scheduler stopped handling events")
+            if status not in (202, 429) or (status == 202 and "after-fuzz" not in ctrl.executor.state.gpus):
+                rep.problems.append(f"a valid grant after the fuzz answered {status} and was not applied")
             from pearl.core.state import ClusterState
 
             ClusterState.from_dict(ctrl.state_dict())

@@ -73,6 +73,7 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workload", default="paper", choices=["config", "paper"],
                    help="workload preset (pearl/sim/presets.py); default: calibrated to the paper")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent replays")
+    p.add_argument("--systems", default=None, help="fig5 only: comma list of systems (default: all five)")
     p.add_argument("--quick", action="store_true", help="small scale (short segments, fewer points): for tests")
     p.add_argument("--docs", default="docs/EXPERIMENTS.md", help="markdown with every table ('' to skip)")
     p.set_defaults(func=experiments_main)
@@ -104,7 +105,7 @@ def experiments_main(args: argparse.Namespace) -> int:
     try:
         out = run_experiments(args.which, Path(args.out), trace=args.trace, hours=args.hours, quick=args.quick,
                               docs=args.docs or None, workload=args.workload,
-                              jobs=args.jobs)
+                              jobs=args.jobs, systems=args.systems.split(",") if args.systems else None)
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -100,59 +100,97 @@ def _table2_job(job: tuple[str, int, int]) -> dict[str, Any]:
     return best_allocation_search(_cfg("qwen3-8b-h200", workload), n, batches=batches)
 
 
-def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int) -> list[Any]:
-    """Map in ``n_jobs`` worker processes (1: in this process, in order)."""
+def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int,
+          on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+    """Map in ``n_jobs`` worker processes (1: in this process, in order); ``on_result(i, r)`` is
+    called as each result arrives (partial results survive an interrupted experiment)."""
     if n_jobs <= 1 or len(jobs) <= 1:
-        return [fn(j) for j in jobs]
-    from concurrent.futures import ProcessPoolExecutor
+        out = []
+        for i, j in enumerate(jobs):
+            out.append(fn(j))
+            if on_result is not None:
+                on_result(i, out[-1])
+        return out
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    res: dict[int, Any] = {}
     with ProcessPoolExecutor(max_workers=n_jobs) as ex:
-        return list(ex.map(fn, jobs))
+        futs = {ex.submit(fn, j): i for i, j in enumerate(jobs)}
+        for f in as_completed(futs):
+            res[futs[f]] = f.result()
+            if on_result is not None:
+                on_result(futs[f], res[futs[f]])
+    return [res[i] for i in range(len(jobs))]
 
 
 # ------------------------------------------------------------------------------------ fig 5
+def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
+    """Table + bar chart from ``{"model/segment": {"segment", "systems": {name: summary}}}``
+    (partial results give a partial table: missing systems show '-')."""
+    names = [n for n in FIG5_SYSTEMS if any(n in r["systems"] for r in results.values())]
+
+    def tph(r: Mapping[str, Any], n: str) -> float | None:
+        s = r["systems"].get(n)
+        return None if s is None else float(s["trajectories_per_hour"])
+
+    rows = []
+    for key, r in results.items():
+        model, label = key.split("/")
+        base = tph(r, "roll")
+        row: list[Any] = [model, label, f"{r['segment']['mean_gpus']:.1f}"]
+        row += [f"{tph(r, n) / base:.2f}x" if base and tph(r, n) is not None else "-" for n in names]
+        pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
+        row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
+        row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
+        ps = r["systems"].get("pearl", {})
+        err = ps.get("makespan_prediction_error")
+        steady = ps.get("makespan_prediction_error_steady")
+        row.append("-" if err is None else f"{100 * err:.1f}% / " + ("-" if steady is None else f"{100 * steady:.1f}%"))
+        cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
+        row.append(f"{max(cpu):.0f}" if cpu else "-")
+        rows.append(row)
+    header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
+              "pearl predictor err (all / steady batches)", "max CPU s per system"]
+    groups = list(results)
+    series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
+    _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")
+    return ("## Fig. 5: throughput normalised to ROLL (2-hour segments of us-west-2a)\n\n"
+            + markdown_table(header, rows) + "\n")
+
+
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
-         progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1,
+         systems: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """One job per (model, segment, system), longest (oracle) first; results saved as they arrive."""
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
-    results: dict[str, Any] = {}
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
-    systems = ("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS
+    systems = tuple(systems) if systems else (("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS)
     dur_h = 0.34 if quick else hours
-    rows = []
     todo = []
     for model, cfg_name in models:
         cfg = _cfg(cfg_name, workload)
         picks = pick_segments(tr, cfg.cluster, hours)
         for label in ("abundant", "volatile", "scarce"):
             p = picks[label]
-            todo.append((model, label, p, (cfg_name, workload, {}, trace, p.start_hour, dur_h, systems, False)))
-            progress(f"fig5 {model} {label} (start {p.start_hour:.2f} h)")
-    outs = _pmap(_sim_job, [t[3] for t in todo], jobs)
-    for (model, label, p, _job), res in zip(todo, outs, strict=True):
-        key = f"{model}/{label}"
-        results[key] = {"segment": p.to_dict(), "systems": res["systems"], "wall_s": res["wall_s"]}
-        base = res["systems"]["roll"]["trajectories_per_hour"]
-        s = res["systems"]
-        row: list[Any] = [model, label, f"{res['meta']['mean_preemptible_gpus']:.1f}"]
-        row += [f"{s[n]['trajectories_per_hour'] / base:.2f}x" if base else "-" for n in systems]
-        if "rlboost+" in s and "pearl" in s:
-            row.append(f"{100 * (s['pearl']['trajectories_per_hour'] / s['rlboost+']['trajectories_per_hour'] - 1):+.1f}%")
-        if "oracle" in s:
-            row.append(f"{100 * s['pearl']['trajectories_per_hour'] / s['oracle']['trajectories_per_hour']:.1f}%")
-        row.append(f"{s['pearl']['makespan_prediction_error_steady']}")
-        row.append(f"{res['wall_s']:.1f}")
-        rows.append(row)
-    header = ["model", "segment", "mean spot GPUs", *systems]
-    header += ["pearl vs rlboost+"] if "rlboost+" in systems else []
-    header += ["pearl / oracle"] if "oracle" in systems else []
-    header += ["pearl predictor err (steady batches)", "wall s"]
-    groups = list(results)
-    series = {n: [results[g]["systems"][n]["trajectories_per_hour"] / results[g]["systems"]["roll"]["trajectories_per_hour"]
-                  for g in groups] for n in systems}
-    _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")
-    md = "## Fig. 5: throughput normalised to ROLL\n\n" + markdown_table(header, rows) + "\n"
-    return _save(out, "fig5", results, md), results
+            for name in systems:
+                todo.append((model, label, p, name, (cfg_name, workload, {}, trace, p.start_hour, dur_h, (name,), False)))
+    todo.sort(key=lambda t: t[3] != "oracle")
+    part = out / "fig5.partial.json"  # results of earlier (interrupted) runs are kept and merged
+    results: dict[str, Any] = json.loads(part.read_text()) if part.is_file() else {}
+
+    def keep(i: int, res: dict[str, Any]) -> None:
+        model, label, p, name, _job = todo[i]
+        r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "systems": {}})
+        r["systems"][name] = res["systems"][name]
+        (out / "fig5.partial.json").write_text(json.dumps(results, indent=1, default=str))
+        progress(f"fig5 done: {model} {label} {name}")
+
+    progress(f"fig5: {len(todo)} replays")
+    _pmap(_sim_job, [t[4] for t in todo], jobs, keep)
+    order = [f"{m}/{lab}" for m, _c in models for lab in ("abundant", "volatile", "scarce")]
+    results = {k: results[k] for k in order if k in results}
+    return _save(out, "fig5", results, fig5_markdown(out, results)), results
 
 
 # ------------------------------------------------------------------------------------ fig 7
@@ -217,27 +255,50 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
 
 
 # ------------------------------------------------------------------------------------ table 2
+def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
+    """Two comparisons per budget (paper Table 2 compares P:D ratios):
+
+    * the full decision (mode and ratio, no hysteresis: ``decide`` with no current allocation)
+      vs the best of colocation and every split;
+    * the P:D ratio: the decision engine's best *disaggregated* candidate vs the best measured
+      split (what PEARL runs once disaggregation is chosen, and what ``force_disaggregation`` runs).
+    """
+    rows = []
+    full = ratio = 0
+    for key, r in results.items():
+        n = int(key)
+        m = r["measured"]
+        splits = {k: v for k, v in m.items() if k != "coloc"}
+        pred_splits = {k: v for k, v in r["predicted"].items() if k != "coloc" and r["feasible"].get(k, True)}
+        eng_split = min(pred_splits, key=lambda k: pred_splits[k]) if pred_splits else None
+        best_split = min(splits, key=lambda k: splits[k]) if splits else None
+        ok_full = r["chosen"] == r["best"]
+        ok_ratio = eng_split is not None and eng_split == best_split
+        full += ok_full
+        ratio += ok_ratio
+        gap_full = m[r["chosen"]] / m[r["best"]] - 1
+        gap_ratio = (splits[eng_split] / splits[best_split] - 1) if eng_split in splits and best_split else float("nan")
+        overlap = n > training_gpus
+        rows.append([f"{n - training_gpus if overlap else n} + {'16 overlap' if overlap else 'no overlap'}",
+                     r["chosen"], r["best"], f"{100 * gap_full:.2f}%", eng_split, best_split,
+                     f"{100 * gap_ratio:.2f}%", "yes" if ok_ratio else "no",
+                     f"{r['predicted']['coloc']:.0f} / {m['coloc']:.0f}"])
+    return ("## Table 2: decision engine vs every fixed allocation measured in the emulator\n\n"
+            "One rollout batch per allocation on a fixed pool (the same 64 trajectories: a paired "
+            "comparison); 'with overlap' = the dedicated GPUs + 16 borrowed training GPUs as one pool.\n\n"
+            + markdown_table(["budget", "engine (mode+ratio)", "empirical best", "gap", "engine P:D",
+                              "best measured P:D", "P:D gap", "P:D match", "coloc predicted / measured s"], rows)
+            + f"\n\nFull decision matches: {full}/{len(results)}. P:D ratio matches: {ratio}/{len(results)}.\n")
+
+
 def table2(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
            workload: str = "paper", jobs: int = 1) -> tuple[str, dict[str, Any]]:
-    budgets = [(8, False), (24, True)] if quick else [(8, False), (10, False), (12, False), (24, True), (26, True),
-                                                      (28, True)]
-    rows = []
-    results: dict[str, Any] = {}
-    matches = 0
+    budgets = [8, 24] if quick else [8, 10, 12, 24, 26, 28]
     progress(f"table2: {len(budgets)} budgets, every allocation measured")
-    outs = _pmap(_table2_job, [(workload, n, 1) for n, _o in budgets], jobs)  # one batch: a paired comparison (same trajectories)
-    for (n, overlap), r in zip(budgets, outs, strict=True):
-        results[str(n)] = r
-        ok = r["chosen"] == r["best"]
-        matches += ok
-        gap = r["measured"][r["chosen"]] / r["measured"][r["best"]] - 1
-        rows.append([f"{n - 16 if overlap else n} + {'16 overlap' if overlap else 'no overlap'}", r["chosen"], r["best"],
-                     f"{r['measured'][r['chosen']]:.1f}", f"{r['measured'][r['best']]:.1f}", f"{100 * gap:.2f}%",
-                     "yes" if ok else "no"])
-    md = ("## Table 2: decision engine vs best fixed allocation (measured batch makespan, s)\n\n"
-          + markdown_table(["budget", "engine", "empirical best", "engine s", "best s", "gap", "match"], rows)
-          + f"\n\nMatches: {matches}/{len(budgets)}.\n")
-    return _save(out, "table2", results, md), results
+    # one batch per allocation: a paired comparison (the same trajectories in every run)
+    outs = _pmap(_table2_job, [(workload, n, 1) for n in budgets], jobs)
+    results: dict[str, Any] = {str(n): r for n, r in zip(budgets, outs, strict=True)}
+    return _save(out, "table2", results, table2_markdown(results)), results
 
 
 # ------------------------------------------------------------------------------------ table 3
@@ -269,14 +330,14 @@ def table3(out: Path, fig5_results: Mapping[str, Any] | None = None, quick: bool
 # ------------------------------------------------------------------------------------ all
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
-                    workload: str = "paper", jobs: int = 1) -> Path:
+                    workload: str = "paper", jobs: int = 1, systems: Sequence[str] | None = None) -> Path:
     preset_overrides(workload)  # validates the name
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     parts: list[str] = []
     f5 = None
     if which in ("fig5", "all"):
-        md, f5 = fig5(out, trace, hours, quick, progress, workload, jobs)
+        md, f5 = fig5(out, trace, hours, quick, progress, workload, jobs, systems)
         parts.append(md)
     if which in ("fig7", "all"):
         parts.append(fig7(out, quick, progress, workload, jobs)[0])
@@ -287,6 +348,11 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     if which in ("table3", "all"):
         parts.append(table3(out, f5, quick, progress, workload)[0])
     if which == "collect":  # rebuild the markdown from the tables already in ``out`` (no replays)
+        f5p = out / ("fig5.json" if (out / "fig5.json").is_file() else "fig5.partial.json")
+        if f5p.is_file():
+            (out / "fig5.md").write_text(fig5_markdown(out, json.loads(f5p.read_text())))
+        if (out / "table2.json").is_file():
+            (out / "table2.md").write_text(table2_markdown(json.loads((out / "table2.json").read_text())))
         parts = [(out / f"{n}.md").read_text() for n in ("fig5", "fig7", "fig8", "table2", "table3")
                  if (out / f"{n}.md").is_file()]
     text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments {which} --workload {workload}`"

@@ -21,9 +21,10 @@ Life cycle of a rank::
     exit
 
 Data parallelism. On CPU every rank holds the full model (replicated) and gradients are summed
-with bucketed ``all_reduce`` (DDP-style, explicit). On GPUs with ``TrainSpec.fsdp`` the decoder
-layers and the root are wrapped with FSDP2 ``fully_shard`` and the reduce-scatter divide factor is
-set to 1 (sum). In both cases the loss share of a rank is already divided by the *global*
+with bucketed ``all_reduce`` (DDP-style, explicit). On GPUs (``TrainSpec.fsdp="gpu"``, or on any
+device with ``"always"``) the decoder layers and the root are wrapped with FSDP2 ``fully_shard``,
+the loss share is scaled by the world size (FSDP2 averages; we want the sum), gradient sync runs only in the last
+micro-batch, and ranks pad to the same number of micro-batches (zero-loss dummies). In both cases the loss share of a rank is already divided by the *global*
 denominator (``pearl.train.grpo``), so summed gradients equal the single-process gradient.
 
 After every update rank 0 writes a weight snapshot ``v<step>`` for the engines
@@ -140,7 +141,8 @@ class TrainerRank:
                 "stale lm_head; build the untied folder with `python -m pearl.models build`")
         model.to(self.device)
         model.train()
-        if self.device.type == "cuda" and self.spec.fsdp and self.world_size > 1:
+        fsdp = self.spec.fsdp == "always" or (self.spec.fsdp == "gpu" and self.device.type == "cuda")
+        if fsdp and self.world_size > 1:
             self._fully_shard(model)
         self.model = model
         if self.spec.kl_coef > 0:
@@ -165,7 +167,10 @@ class TrainerRank:
                 "resumed_from": resumed_from, "setup_s": time.perf_counter() - t0}
 
     def _fully_shard(self, model: Any) -> None:
-        """FSDP2 on GPUs: shard each decoder layer, then the root; sum (not average) gradients."""
+        """FSDP2: shard each decoder layer, then the root. FSDP2 *averages* gradients over ranks;
+        ``train_step`` multiplies the loss share by the world size so the result is the sum. (A
+        divide factor of 1 would do the same on NCCL but needs ReduceOp.PREMUL_SUM, which gloo
+        lacks.)"""
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         layers = getattr(getattr(model, "model", None), "layers", None)
@@ -174,9 +179,7 @@ class TrainerRank:
         for layer in layers:
             fully_shard(layer)
         fully_shard(model)
-        for m in model.modules():
-            if isinstance(m, FSDPModule):
-                m.set_gradient_divide_factor(1.0)
+        assert isinstance(model, FSDPModule)
         self.sharded = True
 
     # ----------------------------------------------------------------------------- step
@@ -187,10 +190,24 @@ class TrainerRank:
                                    f"(expected {self.step + 1}): client and trainer disagree, restart with resume")
         spec = self.spec
         t0 = time.perf_counter()
+        c0 = time.process_time()  # CPU seconds of all threads: compute cost independent of CPU contention
         self.optimizer.zero_grad(set_to_none=False)
         # sums over this rank's tokens: loss share, clipped tokens, ratio, |ratio - 1|, kl, tokens
         acc = torch.zeros(6, dtype=torch.float64)
-        for mb in micro_batches(samples, spec.micro_batch_tokens):
+        mbs: list[list[Sample] | None] = list(micro_batches(samples, spec.micro_batch_tokens))
+        if self.sharded:
+            # FSDP2 all-gathers in every forward and reduce-scatters in the last backward: every
+            # rank must run the same number of micro-batches (padded with zero-loss dummies).
+            n = torch.tensor([len(mbs)], device=self.device)
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+            mbs += [None] * (int(n.item()) - len(mbs))
+        for i, mb in enumerate(mbs):
+            if self.sharded:
+                self.model.set_requires_gradient_sync(i == len(mbs) - 1)
+            if mb is None:
+                dummy = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+                (self.model(input_ids=dummy).logits.sum() * 0.0).backward()
+                continue
             pb = pad(mb)
             ids = pb.input_ids.to(self.device)
             att = pb.attention_mask.to(self.device)
@@ -206,7 +223,7 @@ class TrainerRank:
             terms = token_terms(lp, pb.old_logprobs.to(self.device), pb.advantages.to(self.device),
                                 spec.clip_eps_low, spec.clip_eps_high, ref_lp, spec.kl_coef)
             loss = aggregate(terms.loss, mask, spec.loss_agg, denominator)
-            loss.backward()
+            (loss * self.world_size if self.sharded else loss).backward()
             with torch.no_grad():
                 m = mask.bool()
                 acc += torch.tensor([
@@ -240,7 +257,8 @@ class TrainerRank:
                 "rank_samples": len(samples),
                 "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
             },
-            "timings": {"forward_backward_s": t_fb - t0, "allreduce_s": t_ar - t_fb, "optimizer_s": t_opt - t_ar},
+            "timings": {"forward_backward_s": t_fb - t0, "allreduce_s": t_ar - t_fb, "optimizer_s": t_opt - t_ar,
+                        "update_cpu_s": time.process_time() - c0},
         }
         out.update(self._publish(step))
         return out

@@ -192,3 +192,38 @@ async def test_launch_failure_names_exit_code_and_log(tmp_path: Path) -> None:
         await eng.launch(ServerSpec("bad", (), Role.COLOCATED, "m"))
     assert err.value.exit_code == 1 and "No module named" in err.value.log_tail
     await eng.close()
+
+
+ORPHAN_SCRIPT = """
+import asyncio, os, sys
+from pearl.core.state import Role
+from pearl.engines.base import ServerSpec
+from pearl.engines.sglang import SglangEngine, SglangSettings
+
+async def main():
+    eng = SglangEngine(sys.argv[1], SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=60))
+    await eng.launch(ServerSpec("x", (), Role.COLOCATED, "m"))
+    print(eng.server("x").proc.pid, flush=True)
+    os._exit(0)  # the owner dies without close()
+
+asyncio.run(main())
+"""
+
+
+async def test_servers_die_with_their_owner(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path),
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    server_pid = int(out.decode().split()[-1])
+    try:
+        pidfd = os.pidfd_open(server_pid)
+    except ProcessLookupError:
+        return  # already gone
+    gone = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(pidfd, gone.set)  # readable when the process exits
+    try:
+        await asyncio.wait_for(gone.wait(), 30)
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)

@@ -6,8 +6,11 @@ also serve plain colocated requests. Tests run in file order; the kill test is l
 destroys ``d``.
 
 Tolerance of the logprob check: vLLM computes in bf16, the reference is a transformers forward pass
-in fp32 over the same bf16 weights; we accept ``max |Δ logprob| <= 0.1`` nats per token (observed
-~0.01-0.05 with the tiny model's peaked logits, std ~4).
+in fp32 over the same bf16 weights; we accept ``max |Δ logprob| <= 0.25`` nats per token. Observed:
+0.087 (disk reload) and 0.080 (broadcast); transformers' own bf16 forward differs from its fp32 one
+by up to 0.13 on the same tokens, so this is bf16 rounding, not a mismatch. The check discriminates:
+the same tokens under the previous weights differ by ~16 nats (max), far beyond the tolerance.
+The test prints the observed maxima (``-rP``).
 
 TODO(runtime): once ``pearl/runtime`` executes plans, add a test here where the runtime runs a
 coloc -> 1P1D -> coloc plan on these servers (``set_role`` relaunch path).
@@ -40,9 +43,13 @@ from pearl.engines.vllm_server import VllmSettings
 from pearl.models import ensure_models
 from pearl.runtime.weights import write_snapshot
 
-pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+# Server start-up is ~1-2 min on 2 idle cores but several minutes on a loaded machine: the start
+# timeout stays below the per-test timeout (which also covers the module fixture's setup), so a slow
+# start fails cleanly with EngineStartError instead of being killed mid-event-loop.
+START_TIMEOUT_S = 720.0
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
-LOGPROB_TOL = 0.1
+LOGPROB_TOL = 0.25
 PROMPT = tuple(range(1000, 1040))
 
 
@@ -53,10 +60,15 @@ def tiny() -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
-    eng = VllmEngine(tmp_path_factory.mktemp("vllm-run"), VllmSettings(max_model_len=1024, kv_cache_gib=1))
+    eng = VllmEngine(tmp_path_factory.mktemp("vllm-run"), VllmSettings(max_model_len=1024, kv_cache_gib=1,
+                                                                        start_timeout_s=START_TIMEOUT_S))
     try:
-        await asyncio.gather(eng.launch(ServerSpec("p", ("0",), Role.PREFILL, str(tiny))),
-                             eng.launch(ServerSpec("d", ("1",), Role.DECODE, str(tiny))))
+        started = await asyncio.gather(eng.launch(ServerSpec("p", ("0",), Role.PREFILL, str(tiny))),
+                                       eng.launch(ServerSpec("d", ("1",), Role.DECODE, str(tiny))),
+                                       return_exceptions=True)  # both finish before any error is raised
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
         yield eng
     finally:
         await eng.close()
@@ -139,6 +151,8 @@ async def test_weight_update_matches_transformers(engine: VllmEngine, tiny: Path
     ref = hf_logprobs(snap.path, PROMPT, res.output_ids)
     diff = (torch.tensor(res.logprobs) - ref).abs().max().item()
     assert diff <= LOGPROB_TOL, f"vLLM vs transformers logprobs differ by {diff:.4f} > {LOGPROB_TOL}"
+    stale = (torch.tensor(res.logprobs) - hf_logprobs(str(tiny), PROMPT, res.output_ids)).abs().max().item()
+    assert stale > 10 * LOGPROB_TOL, f"the old weights explain the output as well ({stale:.3f}): not updated?"
 
     # the same check through the gloo broadcast path (trainer = this process, rank 0)
     v2 = {k: (t.float() - 0.02 * torch.randn(t.shape, generator=gen)).to(t.dtype) for k, t in base.items()}
@@ -150,6 +164,7 @@ async def test_weight_update_matches_transformers(engine: VllmEngine, tiny: Path
     ref2 = hf_logprobs(snap2.path, PROMPT, res2.output_ids)
     diff2 = (torch.tensor(res2.logprobs) - ref2).abs().max().item()
     assert diff2 <= LOGPROB_TOL, f"after broadcast: logprobs differ by {diff2:.4f} > {LOGPROB_TOL}"
+    print(f"max |logprob vLLM - transformers|: disk reload {diff:.4f}, gloo broadcast {diff2:.4f}")
 
     await engine.load_weights("p", str(tiny), 3)  # back to the base weights for the next test
     assert (await engine.generate("p", greedy("w3", 8))).weight_version == 3

@@ -8,8 +8,9 @@ on two shared cores:
    to make a healthy decode server refuse; the runtime sees exactly ``KVTransferError``);
 2. ``kill -9`` of a vLLM server process mid-request (real): the streamed partial output is kept,
    the dead worker leaves the topology, a replacement server is launched and admitted;
-3. a weight load that fails (the new snapshot folder's weights are corrupt: a real vLLM load
-   error) on one server: that worker is replaced, rollout goes on with the others.
+3. a weight sync (a real reload of the snapshot on every server) in which one server's load
+   fails (injected at the boundary, so that only one of the two servers has to be relaunched):
+   that worker is replaced, rollout goes on.
 
 After each step the rollout batch in flight completes with every trajectory, and every attempt of
 every turn started from the prompt plus all tokens already received (no partial output dropped).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 from pathlib import Path
 
@@ -41,9 +41,9 @@ def _config(model: Path) -> RunConfig:
     d["model"] = tiny_spec | {"path": str(model)}
     d["cluster"].update(reserved_gpus=2, max_preemptible_gpus=0, training_gpus=0)
     d["workload"].update(batch_size=4, group_size=2, max_trajectory_tokens=512, system_prompt_tokens=48,
-                         turns={"mean": 2, "cv": 0, "min": 2, "max": 2},
+                         turns={"mean": 1, "cv": 0, "min": 1, "max": 1},
                          observation_tokens={"mean": 16, "cv": 0, "min": 16, "max": 16},
-                         response_tokens={"mean": 48, "cv": 0, "min": 48, "max": 48},
+                         response_tokens={"mean": 24, "cv": 0, "min": 24, "max": 24},
                          env_step_s={"mean": 0.2, "cv": 0, "min": 0.2, "max": 0.2}, test_run_prob=0.0)
     d["policy"].update(allocation_overrides={2: "1P1D"}, max_staleness=100, borrow_enabled=False)
     return RunConfig.model_validate(d)
@@ -71,6 +71,7 @@ async def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-u
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.timeout(3000)  # four server starts (2 + 2 replacements) on two shared cores
 async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
     from pearl.models import ensure_models
     from pearl.runtime.controller import Controller
@@ -79,21 +80,23 @@ async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
     tiny = ensure_models(names=("tiny-qwen3",))["tiny-qwen3"]
     cfg = _config(tiny)
     clock = LoopClock()
-    vllm = VllmEngine(tmp_path / "run", VllmSettings(max_model_len=1024, kv_cache_gib=1))
+    vllm = VllmEngine(tmp_path / "run", VllmSettings(max_model_len=1024, kv_cache_gib=1, start_timeout_s=600))
     chaos = ChaosEngine(vllm)
     ctrl = Controller(cfg, chaos, SyntheticSessionFactory(cfg.workload, clock), clock=clock,
                       initial_weights=(0, str(tiny)))
     await ctrl.start()
     try:
+        # on a saturated machine a first start may time out: the controller re-plans and retries
+        await _wait(lambda: len(ctrl.pipeline.router.workers) == 2, 1800, "both servers admitted")
         st = ctrl.executor.state
-        assert sorted(w.role.value for w in st.workers.values()) == ["decode", "prefill"]
+        assert sorted(w.role.value for w in st.workers.values() if w.status.value == "active") == ["decode", "prefill"]
         # 1. a refused KV transfer: the request is retried, the batch completes
         chaos.armed.kv_transfer = 1
         await asyncio.wait_for(ctrl.wait_batches(1), 600)
         assert chaos.injected.get("kv_transfer_failure") == 1
         # 2. kill -9 the decode server while it streams a request
         dec = next(w for w in ctrl.executor.state.workers.values() if w.role.value == "decode").worker_id
-        await _wait(lambda: bool(chaos._calls.get(dec)), 300, f"a request on {dec}")
+        await _wait(lambda: chaos.inflight(dec) > 0, 300, f"a request on {dec}")
         await asyncio.sleep(0.5)
         proc = vllm.server(dec).proc
         assert proc is not None
@@ -102,17 +105,14 @@ async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
         await asyncio.wait_for(ctrl.wait_batches(2), 900)  # replacement launched + admitted, batch completes
         roles = sorted(w.role.value for w in ctrl.executor.state.workers.values() if w.status.value == "active")
         assert roles == ["decode", "prefill"], ctrl.executor.state.to_dict()
-        # 3. a weight load that fails for real: a snapshot whose weights file is corrupt
-        bad = tmp_path / "bad-snapshot"
-        shutil.copytree(tiny, bad)
-        for f in bad.glob("*.safetensors"):
-            f.write_bytes(b"not a safetensors file")
-        before = set(ctrl.executor.state.workers)
-        sync = asyncio.ensure_future(ctrl.pipeline.sync_weights(1, str(bad)))
-        await asyncio.wait_for(sync, 300)
+        # 3. a weight sync in which one server's load fails: the other really reloads v1
+        before = set(ctrl.pipeline.router.workers)
+        chaos.armed.weight_load = 1
+        await asyncio.wait_for(ctrl.publish(1, str(tiny)), 600)
+        assert chaos.injected.get("weight_load_failure") == 1
         assert any("weight sync v1" in f for f in ctrl.pipeline.failures), ctrl.pipeline.failures[-3:]
-        await _wait(lambda: not before & set(ctrl.executor.state.workers) or
-                    len(ctrl.pipeline.router.workers) == 2, 900, "the failed workers replaced")
+        await _wait(lambda: len(ctrl.pipeline.router.workers) == 2 and set(ctrl.pipeline.router.workers) != before,
+                    900, "the failed worker replaced")
         await asyncio.wait_for(ctrl.wait_batches(3), 900)
         assert ctrl.pipeline.stats.trajectories_failed == 0
         assert ctrl.pipeline.stats.trajectories_completed >= 3 * cfg.workload.batch_size
