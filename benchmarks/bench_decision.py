@@ -20,11 +20,11 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from pearl.config import load_config  # noqa: E402
-from pearl.core.decision import Allocation, decide  # noqa: E402
-from pearl.core.planner import plan  # noqa: E402
-from pearl.core.profile import HardwareProfile, WorkloadProfile  # noqa: E402
-from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone  # noqa: E402
+from pearl.config import load_config
+from pearl.core.decision import Allocation, decide
+from pearl.core.planner import plan
+from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
 
 
 def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]

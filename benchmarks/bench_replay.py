@@ -11,14 +11,17 @@ simulated to CPU time.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 from pearl.config import load_config
 from pearl.sim.presets import preset_overrides
 from pearl.sim.simulate import run_system
 from pearl.sim.systems import parse_systems
 from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
-from tests.conftest import SHARED_DIR
+
+SHARED_DIR = Path(os.environ.get("PEARL_SHARED_DIR", Path(__file__).resolve().parent.parent.parent / "shared"))
 
 
 def main() -> None:

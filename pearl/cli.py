@@ -23,7 +23,14 @@ from typing import Any
 from pearl.config import ConfigError, RunConfig, load_config
 from pearl.core.decision import Allocation, Decision, DecisionError, decide
 from pearl.core.planner import PlanError, plan
-from pearl.core.profile import HardwareProfile, ProfileError, TelemetryRecord, WorkloadProfile, fit_hardware, fit_workload
+from pearl.core.profile import (
+    HardwareProfile,
+    ProfileError,
+    TelemetryRecord,
+    WorkloadProfile,
+    fit_hardware,
+    fit_workload,
+)
 from pearl.core.state import ClusterState, StateError, Zone
 
 #: (module, function) pairs that add sub-commands; a module that does not exist yet is skipped.

@@ -108,6 +108,12 @@ async def _probe(fuzz_per_route: int, seed: int) -> SecurityReport:
     old_level = root.level
     root.addHandler(cap)
     root.setLevel(logging.DEBUG)
+    # every logger that could carry a secret is scanned at full verbosity, whatever an earlier
+    # setup_logging() (pearl.obs.logs) left behind, e.g. aiohttp.access raised to WARNING
+    scanned = [logging.getLogger(n) for n in ("aiohttp.access", "aiohttp.server", "pearl")]
+    old_levels = [lg.level for lg in scanned]
+    for lg in scanned:
+        lg.setLevel(logging.DEBUG)
     clock = LoopClock()
     ctrl = Controller(cfg, InstantEngine(), SyntheticSessionFactory(cfg.workload, clock), clock=clock, max_batches=1)
     server = AdminServer(ctrl, cfg.admin, clock.now, host="127.0.0.1", port=0, env={})
@@ -198,6 +204,8 @@ async def _probe(fuzz_per_route: int, seed: int) -> SecurityReport:
         await ctrl.stop()
         root.removeHandler(cap)
         root.setLevel(old_level)
+        for lg, lvl in zip(scanned, old_levels, strict=True):
+            lg.setLevel(lvl)
     rep.log_records_scanned = len(cap.lines)
     leaked = [line for line in cap.lines if TOKEN in line]
     if leaked:

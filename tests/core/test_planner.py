@@ -12,7 +12,7 @@ from pearl.core.decision import Allocation
 from pearl.core.planner import PlanError, StepKind, apply_plan, plan, target_roles
 from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
 
-A, I, N, D = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.INITIALIZING, WorkerStatus.DRAINING
+A, INACT, N, D = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.INITIALIZING, WorkerStatus.DRAINING
 C, P, DEC = Role.COLOCATED, Role.PREFILL, Role.DECODE
 
 
@@ -45,7 +45,7 @@ def test_reclaim_removes_only_the_reclaimed_worker_and_grant_adds() -> None:
 def test_overlap_workers_are_deactivated_not_removed_and_reactivated_in_role() -> None:
     gpus = cluster(2, 0, 2, lent=2)
     s = ClusterState.build(gpus, [Worker("w0", ("r0",), P, A), Worker("w1", ("r1",), DEC, A),
-                                  Worker("wo0", ("o0",), DEC, A), Worker("wo1", ("o1",), DEC, I)])
+                                  Worker("wo0", ("o0",), DEC, A), Worker("wo1", ("o1",), DEC, INACT)])
     back = plan(s, Allocation.disaggregated(1, 1), ["r0", "r1"])
     assert [(st.kind, st.worker_id) for st in back.steps] == [(StepKind.DEACTIVATE, "wo0")]
     borrow = plan(s, Allocation.disaggregated(1, 3), ["r0", "r1", "o0", "o1"])
@@ -114,7 +114,7 @@ def scenarios(draw: st.DrawFn) -> tuple[ClusterState, Allocation, frozenset[str]
     for g in gpus:
         if draw(st.booleans()):
             role = draw(st.sampled_from([C, P, DEC]))
-            statuses = [I, A, N, D] if (g.zone is not Zone.OVERLAP or g.lent) else [I, N]
+            statuses = [INACT, A, N, D] if (g.zone is not Zone.OVERLAP or g.lent) else [INACT, N]
             workers.append(Worker(f"w{g.gpu_id}", (g.gpu_id,), role, draw(st.sampled_from(statuses))))
     state = ClusterState.build(gpus, workers)
     usable = [g.gpu_id for g in gpus if g.zone is not Zone.OVERLAP or g.lent]
@@ -144,4 +144,4 @@ def test_plan_is_minimal_and_reaches_the_target(sc: tuple[ClusterState, Allocati
         if w.worker_id in state.workers:
             assert w.gpus == state.workers[w.worker_id].gpus
         if not all(g in pool for g in w.gpus):
-            assert w.status in (I, D)
+            assert w.status in (INACT, D)

@@ -14,13 +14,13 @@ from pearl.core.state import (
     check_transition,
 )
 
-A, I, D, N = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.DRAINING, WorkerStatus.INITIALIZING
+A, INACT, D, N = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE, WorkerStatus.DRAINING, WorkerStatus.INITIALIZING
 
 
 def base() -> ClusterState:
     gpus = [Gpu("r0", Zone.RESERVED), Gpu("r1", Zone.RESERVED), Gpu("p0", Zone.PREEMPTIBLE, instance_id="i-1"),
             Gpu("o0", Zone.OVERLAP), Gpu("o1", Zone.OVERLAP)]
-    workers = [Worker("w0", ("r0",), Role.COLOCATED, A), Worker("wo", ("o0",), Role.DECODE, I)]
+    workers = [Worker("w0", ("r0",), Role.COLOCATED, A), Worker("wo", ("o0",), Role.DECODE, INACT)]
     return ClusterState.build(gpus, workers)
 
 
@@ -49,7 +49,7 @@ def test_overlap_worker_active_only_while_lent() -> None:
     s3 = s2.set_status("wo", D)
     with pytest.raises(StateError, match="not all lent"):
         s3.set_lent(["o0"], False)
-    assert s3.set_status("wo", I).set_lent(["o0"], False).gpu("o0").lent is False
+    assert s3.set_status("wo", INACT).set_lent(["o0"], False).gpu("o0").lent is False
 
 
 def test_only_overlap_gpus_can_be_lent() -> None:
@@ -69,7 +69,7 @@ def test_transition_table_is_the_only_authority() -> None:
 
 def test_illegal_status_change_names_worker_and_states() -> None:
     with pytest.raises(StateError, match=r"worker 'w0': illegal worker transition active -> inactive"):
-        base().set_status("w0", I)
+        base().set_status("w0", INACT)
 
 
 def test_role_change_requires_a_non_serving_worker() -> None:
