@@ -8,7 +8,7 @@ MODELS := .models
 CONFIG ?= configs/cpu-demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup models test test-fast test-gpu lint typecheck run run-tiny simulate experiments bench \
+.PHONY: setup models test test-fast test-soak test-gpu lint typecheck run run-tiny simulate experiments bench \
         reliability swebench-qwen3-8b swebench-qwen3-30b-a3b clean
 
 ## setup: create .venv and install PEARL with vLLM (CPU), dev tools and local models (idempotent)
@@ -31,6 +31,10 @@ test: setup
 ## test-fast: everything but the real-engine integration tests
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not vllm and not slow" $(PYTEST_ARGS)
+
+## test-soak: long real-engine fault soaks (kill -9 / refused KV transfer / failed weight load on vLLM)
+test-soak: setup
+	$(BIN)/python -m pytest -q -m soak $(PYTEST_ARGS)
 
 ## test-gpu: SGLang/NCCL tests on a GPU host (pip install -e '.[sglang]' first)
 test-gpu:

@@ -32,7 +32,7 @@ from pearl.engines.vllm_server import VllmSettings
 from pearl.reliability.faults import ChaosEngine
 from pearl.runtime.clock import LoopClock
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.soak]
 
 
 def _config(model: Path) -> RunConfig:
