@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ def omp_bind(devices: tuple[str, ...], threads: int) -> str:
 
 
 @dataclass(kw_only=True)
-class ChildServer:
+class ChildServer(ABC):
     """Mutable handle of one inference server child process (owned by an engine). Subclasses give
     ``command()`` and ``env()``; this class spawns, polls readiness, watches and stops."""
 
@@ -113,8 +114,9 @@ class ChildServer:
     def alive(self) -> bool:
         return self.proc is not None and not self.died.is_set()
 
+    @abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The server's command line (each engine's server class gives its own)."""
 
     def env(self) -> dict[str, str]:
         return dict(os.environ)
