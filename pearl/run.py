@@ -116,16 +116,19 @@ def _resolve_model_path(cfg: RunConfig) -> Path:
     return path
 
 
-async def _replay_trace(controller: Any, cfg: RunConfig, t_start: float, notice_s: float,
-                        sent: list[dict[str, Any]]) -> None:
-    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start);
-    each submitted event is appended to ``sent`` (kept when the replayer is cancelled)."""
+def _trace_schedule(cfg: RunConfig, notice_s: float) -> list[Any]:
+    """The trace's grants and reclaim notices (``TimedEvent``), loaded before anything starts so a
+    bad trace file fails the run at once with the file and line named."""
     from pearl.sim.traces import gpu_timeline, load_trace, trace_events
 
     if not cfg.trace:
-        return
-    trace = load_trace(_config_relative(cfg.trace))
-    events = trace_events(gpu_timeline(trace, cfg.cluster), notice_s=notice_s)
+        return []
+    return trace_events(gpu_timeline(load_trace(_config_relative(cfg.trace)), cfg.cluster), notice_s=notice_s)
+
+
+async def _replay_trace(controller: Any, events: list[Any], t_start: float, sent: list[dict[str, Any]]) -> None:
+    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start);
+    each submitted event is appended to ``sent`` (kept when the replayer is cancelled)."""
     for te in events:
         delay = t_start + te.at_s - time.monotonic()
         if delay > 0:
@@ -206,6 +209,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     times.setup_s = time.monotonic() - times.t0
     observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
                            live=live, title=f"PEARL run: {cfg.name}")
+    schedule = _trace_schedule(cfg, notice_s)
     records: list[StepRecord] = []
     trace_task: asyncio.Task[None] | None = None
     trace_sent: list[dict[str, Any]] = []
@@ -218,7 +222,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         t_roll = time.monotonic()
         observer.start()
         trace_task = asyncio.get_running_loop().create_task(
-            _replay_trace(controller, cfg, t_roll, notice_s, trace_sent), name="trace-replay")
+            _replay_trace(controller, schedule, t_roll, trace_sent), name="trace-replay")
         while len(records) < steps:
             batch = await controller.take_batch()
             observer.note_batch(batch, trainer.version)
@@ -279,6 +283,9 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             "weight_sync": round(times.sync_s, 1),
         },
         "trace_events": trace_sent,
+        # events the run ended before reaching (the steps were done first): listed, never dropped silently
+        "trace_pending": [{"at_s": te.at_s, "event": te.event.kind.value, "event_id": te.event.event_id}
+                          for te in schedule[len(trace_sent):]],
         "per_step": [
             {"step": r.step, "version": r.version, "trajectories": r.trajectories, "mean_reward": r.mean_reward,
              "train_s": round(r.train_s, 2), "sync_s": round(r.sync_s, 2),
