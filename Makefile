@@ -70,11 +70,24 @@ bench: setup
 reliability: setup
 	$(BIN)/python -m pearl reliability
 
+## swebench-*: the paper's SWE-bench runs (Sec. 6.1) on its 32-GPU H200 cluster: 4 nodes x 8 GPUs,
+## SGLang engines, the trainer on the 16 training GPUs. Run the same command on every node, with
+## NODE_RANK=0..3 and MASTER_ADDR=<node 0's address>; output_dir must be on a shared filesystem.
+## The preflight (pearl/main.py --preflight) stops here with a clear message on a host without
+## GPUs, SGLang, Docker or the weights (docs/service.md, "The paper's SWE-bench runs").
+SWE_NNODES ?= 4
+NODE_RANK ?= 0
+MASTER_ADDR ?= 127.0.0.1
+MASTER_PORT ?= 29500
+SWE_LAUNCH = $(BIN)/python pearl/main.py --preflight --nnodes $(SWE_NNODES) --config $(1) && \
+	$(BIN)/torchrun --nnodes $(SWE_NNODES) --nproc-per-node 1 --node-rank $(NODE_RANK) \
+	    --master-addr $(MASTER_ADDR) --master-port $(MASTER_PORT) pearl/main.py --config $(1)
+
 swebench-qwen3-8b: setup
-	$(BIN)/python -m pearl run --config configs/swebench-qwen3-8b.yaml
+	$(call SWE_LAUNCH,configs/swebench-qwen3-8b.yaml)
 
 swebench-qwen3-30b-a3b: setup
-	$(BIN)/python -m pearl run --config configs/swebench-qwen3-30b-a3b.yaml
+	$(call SWE_LAUNCH,configs/swebench-qwen3-30b-a3b.yaml)
 
 clean:
 	rm -rf $(VENV) $(MODELS) runs .pytest_cache .mypy_cache .ruff_cache

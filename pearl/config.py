@@ -233,6 +233,11 @@ class EngineSpec(_Strict):
     start_timeout_s: float = Field(default=300.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
     base_port: int = Field(default=30000, ge=1024, le=65000)
+    nice: int = Field(
+        default=0, ge=0, le=19,
+        description="CPU scheduling niceness of a server once it is ready (it starts at full priority). On a "
+        "CPU host where servers and the trainer share cores, a positive value lets the trainer (on the critical "
+        "path of every step) run at full speed while rollout uses the cycles it leaves; 0 on GPU hosts")
     extra_args: list[str] = Field(default_factory=list)
     device_map: dict[str, str] = Field(
         default_factory=dict,
@@ -275,7 +280,8 @@ class EmulatorSpec(_Strict):
     prefix_reuse: float = Field(
         default=1.0, ge=0, le=1, description="fraction of a conversation's cached prefix a new turn reuses "
         "(1.0: an ideal radix cache; lower models re-tokenization mismatches and evictions - the paper's "
-        "Sec. 3.2 profile, 96.68% of processed tokens in prefill, implies much less reuse than ideal)")
+        "Sec. 3.2 profile, 96.68% of processed tokens in 26.48% of the time in prefill, implies much less reuse "
+        "than ideal; the 'paper' workload preset sets 0.3, calibrated on that split: pearl/sim/presets.py)")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -312,6 +318,11 @@ class TrainSpec(_Strict):
     param_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="trainer parameter/optimizer dtype (the master weights)"
     )
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="dtype of the forward/backward matmuls: bfloat16 = mixed precision "
+        "(torch.autocast; master weights, gradients and optimizer stay in param_dtype; log-probabilities are "
+        "taken in float32). The usual choice on GPUs, and on CPUs with AVX512-BF16/AMX"
+    )
     snapshot_dtype: Literal["float32", "bfloat16"] = Field(
         default="bfloat16", description="dtype of the weight snapshots and broadcasts for the engines"
     )
@@ -342,6 +353,10 @@ class AdminSpec(_Strict):
     max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
     submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
     agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
+    # Added by the service helper: rank 0's agent watcher (pearl/runtime/agent_watch.py)
+    agent_health_period_s: float = Field(default=5.0, gt=0, description="seconds between two health polls of each agent")
+    agent_health_timeout_s: float = Field(default=5.0, gt=0, description="a health poll not answered in time is a miss")
+    agent_health_misses: int = Field(default=3, ge=1, description="consecutive misses after which a node is lost")
     log_json: bool = Field(default=False, description="structured logs as one JSON object per line")
     tensorboard: bool = Field(default=True, description="write TensorBoard scalars under output_dir")
 

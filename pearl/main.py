@@ -3,7 +3,19 @@
 Every rank (one asyncio process on uvloop) hosts a **node agent** (``pearl.runtime.node_agent``)
 that launches and stops this node's engine servers and trainer ranks on the controller's command
 and reports their health. **Rank 0** also hosts the controller, the admin API and the observer
-(``pearl.serve.Service``) with a ``RemoteEngine`` over all agents.
+(``pearl.serve.Service``) with a ``RemoteEngine`` over all agents, and the ``AgentWatcher``
+(``pearl.runtime.agent_watch``) that polls every agent's health and treats a lost node like a
+reclaim.
+
+Engines (``engine.kind``): ``emulated`` runs synthetic sessions and the emulated trainer; ``vllm``
+(CPU or GPU hosts) and ``sglang`` (GPU hosts) run the real thing as ``pearl run`` does on one node:
+every agent serves its node's workers with the local engine (``VllmEngine`` / ``SglangEngine``
+behind ``engine.device_map``), the trainer ranks are agent children (``AgentTrainerClient``:
+``pearl.train.trainer`` over the agent's children protocol, placed on the training GPUs' nodes),
+environments come from the config's ``env`` section and the training loop is ``pearl run``'s
+(``pearl.runtime.train_loop``). ``--steps N`` ends the run after N updates (exit 0).
+``--preflight`` checks this host for what the config needs (GPUs, SGLang, Docker, weights) and
+exits 2 naming what is missing (``make swebench-*`` runs it before torchrun).
 
 Start-up (the torchrun environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``; two plain processes with these variables work the same)::
@@ -37,6 +49,7 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +63,7 @@ from pearl.admin.security import is_loopback
 from pearl.config import RunConfig, load_config
 from pearl.core.state import ClusterState, Gpu, Zone
 from pearl.obs.logs import setup_logging
+from pearl.runtime.clock import Clock
 from pearl.runtime.node_agent import AgentClient, NodeAgent, RemoteEngine
 
 log = logging.getLogger("pearl.main")
@@ -125,6 +139,49 @@ def _agent_host(env: DistEnv) -> tuple[str, str]:
     return "0.0.0.0", socket.getfqdn()
 
 
+def preflight(cfg: RunConfig, nnodes: int) -> list[str]:
+    """What this host lacks for ``cfg`` on ``nnodes`` nodes (empty: nothing found missing)."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    problems: list[str] = []
+    try:
+        placed_state(cfg, nnodes)
+    except SystemExit as e:
+        problems.append(str(e))
+    kind = cfg.engine.kind
+    if kind == "sglang" and importlib.util.find_spec("sglang") is None:
+        problems.append("engine.kind=sglang but SGLang is not installed here (pip install -e '.[sglang]' on a GPU host)")
+    if kind == "sglang" or cfg.train.backend == "nccl":
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < cfg.cluster.gpus_per_node:
+            problems.append(f"cluster.gpus_per_node={cfg.cluster.gpus_per_node} GPUs needed on every node, this host "
+                            f"has {found} CUDA device(s) (torch {torch.__version__})")
+    if kind != "emulated" and cfg.model.path is not None:
+        path = Path(cfg.model.path)
+        if not path.is_absolute():
+            path = Path(__file__).resolve().parent.parent / path
+        if not (path / "config.json").is_file() and path.name not in ("smollm2-135m", "tiny-qwen3"):
+            problems.append(f"model.path {path} has no config.json: put the {cfg.model.name} weights there "
+                            "(Hugging Face layout) or set model.path")
+    if kind != "emulated" and cfg.env.kind == "swebench":
+        docker = shutil.which(cfg.env.docker_binary)
+        if docker is None:
+            problems.append(f"env.kind=swebench needs a Docker engine on rank 0's host: {cfg.env.docker_binary!r} "
+                            "is not on PATH")
+        else:
+            try:
+                ok = subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+            if not ok:
+                problems.append(f"`{docker} info` failed: start the Docker engine (and pull the SWE-bench images)")
+    return problems
+
+
 async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.Namespace) -> int:
     from pearl.runtime.clock import LoopClock
 
@@ -142,9 +199,10 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
     bind, advertised = _agent_host(env)
     from pearl.serve import make_local_engine
 
-    engine = make_local_engine(cfg, clock, run_dir / env.node)
+    engine = make_local_engine(cfg, clock, (run_dir / env.node).resolve())
     agent = NodeAgent(env.node, env.rank, engine, token, host=bind, port=cfg.admin.agent_port,
-                      log_dir=str(run_dir / env.node / "logs"))
+                      log_dir=str(run_dir / env.node / "logs"),
+                      server_host=None if is_loopback(advertised) else advertised)
     await agent.start()
     url = f"http://{advertised}:{agent.port}"
     await asyncio.to_thread(store.set, f"agent/{env.rank}", url)  # type: ignore[attr-defined]
@@ -169,44 +227,91 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
     return rc
 
 
-async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: str, clock: object,
+async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: str, clock: Clock,
                           stop: asyncio.Event, args: argparse.Namespace) -> int:
+    from pearl.runtime.agent_watch import AgentWatcher, node_lost_handler
     from pearl.serve import Service
 
     urls = {}
     for r in range(env.world_size):
         urls[f"node{r}"] = (await asyncio.to_thread(store.get, f"agent/{r}")).decode()  # type: ignore[attr-defined]
+    state = placed_state(cfg, env.world_size)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as http:
         clients = {n: AgentClient(u, token, http) for n, u in urls.items()}
+        first: dict[str, dict[str, object]] = {}
         for n, c in clients.items():
-            h = await c.health()
-            log.info("agent %s at %s: healthy (rank %s)", n, c.url, h["rank"])
+            first[n] = h = await c.health()
+            log.info("agent %s at %s: healthy (rank %s, cross-node PD: %s)", n, c.url, h["rank"], h.get("split_pd"))
+        remote: list[RemoteEngine] = []
+
+        def make_remote(node_of: Callable[[str], str]) -> RemoteEngine:
+            remote.append(RemoteEngine(clients, node_of))
+            return remote[0]
+
+        def lost_early(node: str, reason: str) -> None:  # during start-up: fail that node's launches at once
+            if remote:
+                remote[0].mark_node_dead(node, reason)
+
+        a = cfg.admin
+        watcher = AgentWatcher({n: c.health for n, c in clients.items()}, clock, on_dead=lost_early,
+                               period_s=a.agent_health_period_s, timeout_s=a.agent_health_timeout_s,
+                               max_misses=a.agent_health_misses)
+        for n, h in first.items():
+            watcher.seed(n, h)
 
         async def nodes() -> list[dict[str, object]]:
-            out: list[dict[str, object]] = []
-            for n, c in clients.items():
-                try:
-                    h = await asyncio.wait_for(c.health(), 5.0)
-                    out.append({**h, "healthy": all(h.get("workers", {}).values())})
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                    out.append({"node": n, "healthy": False, "error": f"{type(e).__name__}: {e}"[:300]})
-            return out
+            return watcher.view()  # the watcher's last poll: the admin API never polls agents itself
 
-        service = Service(cfg, clock, engine_factory=lambda node_of: RemoteEngine(clients, node_of),  # type: ignore[arg-type]
+        service = Service(cfg, clock, engine_factory=make_remote,  # type: ignore[arg-type]
                           host=args.host, port=args.port, nodes=nodes, live=args.live, journal=not args.no_journal,
-                          initial_state=placed_state(cfg, env.world_size))
-        await service.start()
-        assert service.admin is not None
-        log.info("PEARL serving on %d node(s): admin API %s", env.world_size, service.admin.url)
+                          initial_state=state, steps=args.steps,
+                          trainer_factory=_agent_trainer(cfg, state, clients, urls, env.world_size))
+        rc = 0
         try:
-            await service.run(stop)
+            watcher.start()  # from the first launch on: a node lost during start-up fails over too
+            await service.start()
+            assert service.admin is not None and service.controller is not None
+            watcher.on_alive = remote[0].mark_node_alive
+            watcher.on_dead = node_lost_handler(service.controller, remote[0])
+            await watcher.poll_once()  # /v1/nodes shows the launched workers from the first request on
+            log.info("PEARL serving on %d node(s): admin API %s", env.world_size, service.admin.url)
+            rc = await service.run(stop)
         finally:
+            await watcher.close()
             await service.stop()
             for n, c in clients.items():
                 if n != env.node:
                     with contextlib.suppress(aiohttp.ClientError, RuntimeError, OSError):
                         await c.shutdown()
-    return 0
+    return rc
+
+
+def _agent_trainer(cfg: RunConfig, state: ClusterState, clients: dict[str, AgentClient], urls: dict[str, str],
+                   world_size: int) -> Callable[..., object] | None:
+    """Trainer ranks as node-agent children (real engines), placed by ``trainer_placement``."""
+    if cfg.engine.kind == "emulated":
+        return None
+    from urllib.parse import urlparse
+
+    from pearl.runtime.agent_trainer import AgentTrainerClient, trainer_placement
+    from pearl.runtime.train_loop import lends_training_gpus
+
+    nodes = [f"node{r}" for r in range(world_size)]
+    placements = trainer_placement(state, cfg.train.world_size, nodes, cfg.cluster.gpus_per_node,
+                                   cfg.engine.device_map)
+    hosts = {n: urlparse(u).hostname or "127.0.0.1" for n, u in urls.items()}
+    busiest = max(sum(1 for p in placements if p.node == n) for n in nodes)
+    threads = max(1, (os.cpu_count() or 1) // busiest)  # nodes are alike: this host's cores stand for theirs
+    work_dir = (Path(cfg.output_dir) / "trainer").resolve()  # on a shared filesystem on a cluster
+
+    def make(model_path: Path, controller: object, on_event: Callable[..., object]) -> AgentTrainerClient:
+        log.info("trainer: %d rank(s) on %s", len(placements), ", ".join(f"{p.rank}@{p.node}" for p in placements))
+        return AgentTrainerClient(placements, clients, hosts, model_path, work_dir, cfg.train,
+                                  cfg.policy.max_staleness, on_event,  # type: ignore[arg-type]
+                                  device="cuda" if cfg.train.backend == "nccl" else "cpu", threads_per_rank=threads,
+                                  release_when_idle=lends_training_gpus(cfg))
+
+    return make
 
 
 def _finish_group(env: DistEnv) -> None:
@@ -231,12 +336,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--log-json", action="store_true", help="logs as JSON lines (also admin.log_json)")
     ap.add_argument("--live", action="store_true", help="live progress panel on rank 0's stderr")
     ap.add_argument("--no-journal", action="store_true", help="no durable journal on rank 0")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="real engines: finish after this many training steps (default: train until stopped)")
+    ap.add_argument("--preflight", action="store_true",
+                    help="only check this host for what the config needs (GPUs, SGLang, Docker, weights); exit 2 if "
+                         "anything is missing")
+    ap.add_argument("--nnodes", type=int, default=None, help="with --preflight: the number of nodes (WORLD_SIZE)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config)
+    if args.preflight:
+        nnodes = args.nnodes or int(os.environ.get("WORLD_SIZE", "1"))
+        problems = preflight(cfg, nnodes)
+        if problems:
+            print(f"pearl/main.py: {args.config} cannot run on this host ({socket.gethostname()}):", file=sys.stderr)
+            for p in problems:
+                print(f"  - {p}", file=sys.stderr)
+            return 2
+        print(f"pearl/main.py: preflight ok for {args.config} on {nnodes} node(s)", file=sys.stderr)
+        return 0
     env = DistEnv.from_environ()
     secrets_ = [s for s in (cfg.admin.token, os.environ.get("PEARL_ADMIN_TOKEN")) if s]
     setup_logging(args.log_level, json_lines=args.log_json or cfg.admin.log_json, secrets=secrets_)

@@ -45,23 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from pearl.config import ConfigError, RunConfig, load_config
+from pearl.runtime.train_loop import StepRecord, lends_training_gpus, train_loop
 
 log = logging.getLogger("pearl.run")
 
 
 class RunError(RuntimeError):
     """The run could not be set up or failed; the message says what and what to do."""
-
-
-@dataclass
-class StepRecord:
-    step: int
-    version: int
-    trajectories: int
-    mean_reward: float
-    train_s: float
-    sync_s: float
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,17 +116,28 @@ def _trace_schedule(cfg: RunConfig, notice_s: float) -> list[Any]:
     return trace_events(gpu_timeline(load_trace(_config_relative(cfg.trace)), cfg.cluster), notice_s=notice_s)
 
 
-async def _replay_trace(controller: Any, events: list[Any], t_start: float, sent: list[dict[str, Any]]) -> None:
-    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start);
-    each submitted event is appended to ``sent`` (kept when the replayer is cancelled)."""
+async def _replay_trace(controller: Any, events: list[Any], sent: list[dict[str, Any]]) -> None:
+    """Submit the trace's grants and reclaim notices at their times (seconds after rollout start,
+    i.e. after this task starts); each submitted event is appended to ``sent`` (kept when the
+    replayer is cancelled). A reclaim notice's ``deadline`` is trace-relative in the schedule and is
+    shifted onto the controller's clock (the running loop's ``time()``, as ``LoopClock`` reads it)."""
+    import dataclasses
+
+    from pearl.core.events import ReclaimNotice
+
+    loop = asyncio.get_running_loop()
+    t_start = loop.time()
     for te in events:
-        delay = t_start + te.at_s - time.monotonic()
+        delay = t_start + te.at_s - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        res = await controller.submit(te.event)
-        sent.append({"at_s": round(time.monotonic() - t_start, 1), "event": te.event.kind.value,
-                     "event_id": te.event.event_id, "applied": res.applied})
-        log.info("trace: %s at %.0f s (%s)", te.event.kind.value, time.monotonic() - t_start, res.detail or "queued")
+        ev = te.event
+        if isinstance(ev, ReclaimNotice):
+            ev = dataclasses.replace(ev, deadline=t_start + ev.deadline)
+        res = await controller.submit(ev)
+        sent.append({"at_s": round(loop.time() - t_start, 1), "event": ev.kind.value,
+                     "event_id": ev.event_id, "applied": res.applied})
+        log.info("trace: %s at %.0f s (%s)", ev.kind.value, loop.time() - t_start, res.detail or "queued")
 
 
 def _config_relative(p: str) -> Path:
@@ -170,10 +171,6 @@ def _with_costs(group: dict[str, Any]) -> dict[str, Any]:
     return g
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else math.nan
-
-
 async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice_s: float) -> dict[str, Any]:
     """The end-to-end run; returns the summary (also written to ``out_dir/summary.json``)."""
     from envs.factory import build_suite, load_tokenizer, make_session_factory
@@ -204,8 +201,10 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     async def on_event(ev: Any) -> None:  # the trainer announces its steps to the toggle manager
         await controller.notify(ev)
 
+    # The trainer ranks split every core of this host between them; on a CPU host the servers run at
+    # ``engine.nice`` so a training step (on the critical path) is not slowed by the rollout it overlaps.
     trainer = TrainerClient(model_path, out_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
-                            threads_per_rank=1)
+                            release_when_idle=lends_training_gpus(cfg))
     times.setup_s = time.monotonic() - times.t0
     observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
                            live=live, title=f"PEARL run: {cfg.name}")
@@ -219,30 +218,20 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         await asyncio.gather(trainer.start(), controller.start())
         times.engine_start_s = time.monotonic() - t_eng
         print(f"[pearl run] ready after {times.engine_start_s:.0f} s; rolling out", flush=True)
-        t_roll = time.monotonic()
         observer.start()
         trace_task = asyncio.get_running_loop().create_task(
-            _replay_trace(controller, schedule, t_roll, trace_sent), name="trace-replay")
-        while len(records) < steps:
-            batch = await controller.take_batch()
-            observer.note_batch(batch, trainer.version)
-            t_tr = time.monotonic()
-            result = await trainer.train_step(batch)
-            train_s = time.monotonic() - t_tr
-            sync_s = 0.0
-            if result.updated and result.snapshot is not None:
-                registry.register(result.snapshot)
-                t_sync = time.monotonic()
-                await controller.publish(result.version, result.snapshot.path)
-                sync_s = time.monotonic() - t_sync
-            times.train_s += train_s
-            times.sync_s += sync_s
-            rec = StepRecord(len(records) + 1, result.version, len(batch), _mean([r.reward for r in batch]),
-                             train_s, sync_s, dict(result.metrics))
-            records.append(rec)
+            _replay_trace(controller, schedule, trace_sent), name="trace-replay")
+
+        def on_step(rec: StepRecord) -> None:
+            times.train_s += rec.train_s
+            times.sync_s += rec.sync_s
             print(f"[pearl run] step {rec.step}: {rec.trajectories} trajectories, mean reward "
-                  f"{rec.mean_reward:.3f}, train {train_s:.1f} s, weight sync {sync_s:.1f} s, "
-                  f"policy v{result.version}", flush=True)
+                  f"{rec.mean_reward:.3f}, train {rec.train_s:.1f} s, weight sync {rec.sync_s:.1f} s, "
+                  f"policy v{rec.version}", flush=True)
+
+        # the loop shared with the service (pearl serve / torchrun pearl/main.py on real engines)
+        await train_loop(controller, trainer, registry, steps, records=records, note_batch=observer.note_batch,
+                         on_step=on_step)
         times.end = time.monotonic()
     finally:
         if trace_task is not None:
@@ -289,6 +278,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         "per_step": [
             {"step": r.step, "version": r.version, "trajectories": r.trajectories, "mean_reward": r.mean_reward,
              "train_s": round(r.train_s, 2), "sync_s": round(r.sync_s, 2),
+             "gpu_return_wait_s": round(r.timings.get("gpu_return_wait_s", 0.0), 3),
+             "timings": {k: round(v, 3) for k, v in r.timings.items() if math.isfinite(v)},
              "metrics": {k: v for k, v in r.metrics.items() if isinstance(v, float) and math.isfinite(v)}}
             for r in records
         ],
@@ -315,6 +306,24 @@ def print_summary(s: dict[str, Any], path: Path) -> None:
     print(f"summary: {path}")
 
 
+async def _until_signal(coro: Any) -> Any:
+    """Run ``coro``; SIGTERM cancels it like Ctrl-C does, so its ``finally`` stops the servers and
+    the trainer ranks (which would otherwise outlive a terminated run) before the process exits."""
+    import signal
+
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 def _run_cmd(args: argparse.Namespace) -> int:
     try:
         cfg = _apply_cli(load_config(args.config), args)
@@ -326,12 +335,12 @@ def _run_cmd(args: argparse.Namespace) -> int:
     root = Path(cfg.output_dir)
     out = root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        summary = asyncio.run(run_demo(cfg, out, args.steps, not args.no_live, args.notice_s))
+        summary = asyncio.run(_until_signal(run_demo(cfg, out, args.steps, not args.no_live, args.notice_s)))
     except RunError as e:
         print(f"pearl run: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("pearl run: interrupted", file=sys.stderr)
+        print(f"pearl run: interrupted; servers and trainer stopped; partial output in {out}", file=sys.stderr)
         return 130
     latest = root / "latest"
     if latest.is_symlink() or latest.is_file():

@@ -2,20 +2,32 @@
 
 ``Service`` is the controller process: the ``Controller`` (schedulers, tracker, decision engine)
 over an engine, the admin API in front of it, and the ``RunObserver`` (TensorBoard, live progress,
-run report). ``serve`` runs it alone on this machine with the engine of the config (with
-``engine.kind: emulated`` it runs in real time on the CPU, so the API can be tried at once:
-``configs/emulated-demo.yaml``); ``pearl/main.py`` runs the same ``Service`` on rank 0 of a torchrun
-job with a ``RemoteEngine`` over the node agents.
+run report). ``serve`` runs it alone on this machine with the engine of the config; ``pearl/main.py`` runs the
+same ``Service`` on rank 0 of a torchrun job with a ``RemoteEngine`` over the node agents.
+
+Two kinds of run, chosen by ``engine.kind``:
+
+* ``emulated``: synthetic SWE-like sessions and the emulated trainer, in real time on the CPU, so
+  the API can be tried at once (``configs/emulated-demo.yaml``);
+* ``vllm`` / ``sglang``: the real thing, as ``pearl run`` does it on one node: environments from
+  the config's ``env`` section (``envs.factory``), the real GRPO trainer (``TrainerClient`` with
+  local ranks; under ``pearl/main.py`` an ``AgentTrainerClient`` whose ranks are node-agent
+  children), and the training loop shared with ``pearl run`` (``pearl.runtime.train_loop``):
+  each update is published and the serving workers reload it. ``steps`` (``--steps``) ends the
+  run after that many updates; without it the service trains until stopped.
 
 Token: ``admin.token`` or ``PEARL_ADMIN_TOKEN``; without one the API listens on loopback only.
 
 Life cycle::
 
     service = Service(cfg, clock)
-    await service.start()        engine -> controller.start() (rollout begins) -> admin API -> observer
-    await service.run(stop)      until ``stop`` is set (SIGTERM / SIGINT) or the controller finishes
-    await service.stop()         admin API closed first (no event lands mid-shutdown), the trainer
-                                 stopped, dispatch stopped (every worker evicted: in-flight requests
+    await service.start()        engine -> controller.start() (rollout begins; real engines: the
+                                 trainer ranks start meanwhile, then the training loop) -> admin API
+                                 -> observer
+    await service.run(stop)      until ``stop`` is set (SIGTERM / SIGINT), the controller finishes or
+                                 the training loop has done ``steps`` updates; 1 if training failed
+    await service.stop()         admin API closed first (no event lands mid-shutdown), the training
+                                 loop cancelled and the trainer stopped, dispatch stopped (every worker evicted: in-flight requests
                                  aborted, each partial output written to the journal by the
                                  controller's JournaledEngine), controller.stop() (tasks cancelled,
                                  engine servers stopped), the observer writes the run report last
@@ -34,7 +46,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +61,16 @@ from pearl.obs.observer import RunObserver
 from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.controller import Controller
 from pearl.runtime.journal import Journal
+from pearl.runtime.train_loop import StepRecord, lends_training_gpus, train_loop
 from pearl.sim.agents import SyntheticSessionFactory
 from pearl.sim.trainer import EmulatedTrainer
 
 log = logging.getLogger("pearl.serve")
 
 EngineFactory = Callable[[Callable[[str], str]], InferenceEngine]
+#: (model folder, the controller, the event sink for TrainingStarted/Finished) -> a trainer with
+#: ``start``, ``close``, ``version`` and ``train_step`` (``pearl.train.client.TrainerClient``'s API)
+TrainerFactory = Callable[[Path, Controller, Callable[[Any], Awaitable[None]]], Any]
 
 
 def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
@@ -70,8 +86,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     requests and the GPU table are durable, and a restart on the same journal resumes from them.
     """
     if cfg.engine.kind != "emulated":
-        raise SystemExit(f"serve runs emulated-engine configs (engine.kind={cfg.engine.kind!r}); for real "
-                         "engines use `python -m pearl run`")
+        raise ValueError(f"build_controller builds emulated runs (engine.kind={cfg.engine.kind!r}); "
+                         "real engines go through Service")
     sessions = SyntheticSessionFactory(cfg.workload, clock)
     controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal)
 
@@ -86,28 +102,37 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
 
 
 def make_local_engine(cfg: RunConfig, clock: Clock, run_dir: Path) -> InferenceEngine:
-    """The engine whose servers this node runs (emulated / vLLM on CPU / SGLang on GPUs)."""
-    kind = cfg.engine.kind
-    if kind == "emulated":
+    """The engine whose servers this node runs: emulated, or the real engine of ``engine.kind``
+    (vLLM on CPU or GPU hosts, SGLang on GPU hosts; ``pearl.run.make_engine``) behind the config's
+    ``engine.device_map`` (logical GPU id -> this node's device)."""
+    if cfg.engine.kind == "emulated":
         from pearl.engines.emulated import EmulatedEngine
 
         return EmulatedEngine.from_config(cfg, clock)
-    if kind == "vllm":
-        from pearl.engines.vllm import VllmEngine
-        from pearl.engines.vllm_server import VllmSettings
+    from pearl.engines.devicemap import DeviceMappedEngine
+    from pearl.run import make_engine
 
-        e = cfg.engine
-        return VllmEngine(run_dir / "engines", VllmSettings(
-            max_model_len=e.max_model_len, kv_cache_gib=e.kv_cache_gib, threads_per_server=e.threads_per_server,
-            start_timeout_s=e.start_timeout_s, request_timeout_s=e.request_timeout_s, extra_args=tuple(e.extra_args)))
-    raise SystemExit(f"engine.kind={kind!r} has no engine adapter in this build (use emulated or vllm)")
+    return DeviceMappedEngine(make_engine(cfg, run_dir / "servers"), cfg.engine.device_map)  # type: ignore[return-value]
+
+
+def local_trainer(cfg: RunConfig, run_dir: Path) -> TrainerFactory:
+    """Trainer ranks as child processes of this process (``pearl serve``, ``pearl run``)."""
+    from pearl.train.client import TrainerClient
+
+    def make(model_path: Path, controller: Controller, on_event: Callable[[Any], Awaitable[None]]) -> Any:
+        return TrainerClient(model_path, run_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
+                             device="cuda" if cfg.train.backend == "nccl" else "cpu",
+                             release_when_idle=lends_training_gpus(cfg))
+
+    return make
 
 
 class Service:
     def __init__(self, cfg: RunConfig, clock: Clock, engine_factory: EngineFactory | None = None,
                  host: str | None = None, port: int | None = None, nodes: NodesProvider | None = None,
                  live: bool = False, env: dict[str, str] | None = None,
-                 initial_state: ClusterState | None = None, journal: bool = True) -> None:
+                 initial_state: ClusterState | None = None, journal: bool = True,
+                 trainer_factory: TrainerFactory | None = None, steps: int | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
         self.run_dir = Path(cfg.output_dir)
@@ -122,7 +147,12 @@ class Service:
         self.journal: Journal | None = None
         self.engine: InferenceEngine | None = None
         self.controller: Controller | None = None
-        self.trainer: EmulatedTrainer | None = None
+        self.trainer: Any = None  # EmulatedTrainer (emulated) or a TrainerClient (real engines)
+        self.real = cfg.engine.kind != "emulated"
+        self._trainer_factory = trainer_factory
+        self.steps = steps
+        self.steps_done: list[StepRecord] = []
+        self._train_task: asyncio.Task[list[StepRecord]] | None = None
         self.aborted_at_stop = 0
         self.admin: AdminServer | None = None
         self.observer: RunObserver | None = None
@@ -139,17 +169,59 @@ class Service:
             self.journal = Journal(self.journal_path)
             if resumed:
                 log.info("resuming from journal %s: %s", self.journal_path, self.journal.counts())
-        self.controller, self.trainer = build_controller(self.cfg, self.clock, self.engine, self.initial_state,
-                                                         self._on_batch, self.journal)
+        if self.real:
+            registry = await self._build_real()
+        else:
+            self.controller, self.trainer = build_controller(self.cfg, self.clock, self.engine, self.initial_state,
+                                                             self._on_batch, self.journal)
+        assert self.controller is not None
         # the admin server is built first: a bad listen address must fail before any work starts
         self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
                                  nodes=self._nodes)
-        await self.controller.start()
-        self.trainer.start()
+        if self.real:
+            log.info("starting the trainer ranks and the initial inference workers ...")
+            await asyncio.gather(self.trainer.start(), self.controller.start())
+            self._train_task = asyncio.get_running_loop().create_task(
+                train_loop(self.controller, self.trainer, registry, self.steps, records=self.steps_done,
+                           note_batch=self._on_batch, on_step=self._log_step, now=self.clock.now),
+                name="train-loop")
+        else:
+            await self.controller.start()
+            self.trainer.start()
         await self.admin.start()
         self.observer = RunObserver(self.controller, self.clock.now, self.clock.sleep, self.run_dir,
                                     tensorboard=self.cfg.admin.tensorboard, live=self._live, title=self.cfg.name)
         self.observer.start()
+
+    async def _build_real(self) -> Any:
+        """Controller and trainer of a real-engine run (as ``pearl run``); returns the weight registry."""
+        from envs.factory import build_suite, load_tokenizer, make_session_factory
+        from pearl.run import _resolve_model_path  # builds the local demo models when missing
+        from pearl.runtime.weights import WeightRegistry
+
+        assert self.engine is not None
+        model_path = _resolve_model_path(self.cfg)
+        self.cfg = self.cfg.model_copy(update={"model": self.cfg.model.model_copy(update={"path": str(model_path)})})
+        suite = await build_suite(self.cfg.env)
+        factory = make_session_factory(suite, load_tokenizer(model_path), self.cfg)
+        registry = WeightRegistry()
+        controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
+                                initial_state=self.initial_state, initial_weights=(0, str(model_path)),
+                                registry=registry, journal=self.journal)
+        self.controller = controller
+
+        async def on_event(ev: Any) -> None:  # TrainingStarted / Finished -> toggle manager (awaited)
+            await controller.notify(ev)
+
+        make = self._trainer_factory or local_trainer(self.cfg, self.run_dir)
+        self.trainer = make(model_path, controller, on_event)
+        log.info("real-engine run: model %s (%s), env %s, batch %d, %s training steps", self.cfg.model.name,
+                 model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited")
+        return registry
+
+    def _log_step(self, rec: StepRecord) -> None:
+        log.info("train step %d: %d trajectories, mean reward %.3f, train %.1f s, weight sync %.1f s, policy v%d",
+                 rec.step, rec.trajectories, rec.mean_reward, rec.train_s, rec.sync_s, rec.version)
 
     def _on_batch(self, records: list[TrajectoryRecord], trainer_version: int) -> None:
         if self.observer is not None:
@@ -159,25 +231,38 @@ class Service:
         assert self.controller is not None
         return self.controller.executor.state.gpu(gpu_id).node
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop`` is set or the controller's run ends by itself."""
+    async def run(self, stop: asyncio.Event) -> int:
+        """Until ``stop`` is set, the controller's run ends by itself or the training loop ends
+        (``steps`` done: 0; failed: 1, the error logged)."""
         assert self.controller is not None
         waiters = [asyncio.ensure_future(stop.wait()),
                    asyncio.ensure_future(self.controller.wait_batches(sys.maxsize))]
         try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*waiters, *([self._train_task] if self._train_task else [])],
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await w
+        t = self._train_task
+        if t is not None and t.done() and not t.cancelled():
+            if t.exception() is not None:
+                log.error("training failed: %s", t.exception(), exc_info=t.exception())
+                return 1
+            log.info("training finished: %d step(s)", len(self.steps_done))
+        return 0
 
     async def stop(self) -> Path | None:
         report = None
         if self.admin is not None:
             await self.admin.stop()
+        if self._train_task is not None:
+            self._train_task.cancel()
+            await asyncio.gather(self._train_task, return_exceptions=True)
         if self.trainer is not None:
-            await self.trainer.stop()
+            with contextlib.suppress(Exception):
+                await (self.trainer.close() if self.real else self.trainer.stop())
         if self.controller is not None:
             # stop dispatch: evict every worker (aborts in-flight requests; each turn keeps its
             # partial output), then cancel the pipeline and the schedulers, then stop the servers
@@ -201,20 +286,21 @@ class Service:
         return report
 
 
-async def serve(cfg: RunConfig, host: str | None, port: int | None, live: bool, journal: bool = True) -> int:
+async def serve(cfg: RunConfig, host: str | None, port: int | None, live: bool, journal: bool = True,
+                steps: int | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    service = Service(cfg, LoopClock(), host=host, port=port, live=live, journal=journal)
+    service = Service(cfg, LoopClock(), host=host, port=port, live=live, journal=journal, steps=steps)
     try:
         await service.start()
         assert service.admin is not None
         log.info("PEARL serving: admin API %s (OpenAPI: %s/v1/openapi.json)", service.admin.url, service.admin.url)
-        await service.run(stop)
+        rc = await service.run(stop)
     finally:
         await service.stop()
-    return 0
+    return rc
 
 
 def _serve_cmd(args: argparse.Namespace) -> int:
@@ -223,10 +309,16 @@ def _serve_cmd(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, json_lines=args.log_json or cfg.admin.log_json, secrets=secrets)
     import uvloop
 
+    from pearl.run import RunError
+
     try:
-        return int(uvloop.run(serve(cfg, args.host, args.port, args.live, journal=not args.no_journal)))
+        return int(uvloop.run(serve(cfg, args.host, args.port, args.live, journal=not args.no_journal,
+                                    steps=args.steps)))
     except AdminSecurityError as e:
         print(f"pearl serve: {e}", file=sys.stderr)
+        return 2
+    except RunError as e:  # a real-engine run that cannot be set up (no weights, ...)
+        print(f"pearl serve: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -238,6 +330,8 @@ def add_serve_parser(subparsers: Any) -> None:
     p.add_argument("--live", action="store_true", help="live progress panel (rich) on stderr")
     p.add_argument("--no-journal", action="store_true",
                    help="keep no durable journal (default: output_dir/journal.sqlite; a restart resumes from it)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="real engines: stop after this many training steps (default: train until stopped)")
     p.add_argument("--log-json", action="store_true", help="logs as JSON lines")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve_cmd)

@@ -52,4 +52,6 @@ async def test_run_end_to_end(tmp_path: Path) -> None:
     # the reclaim at 90 s - notice was either delivered or listed as not reached: never silently dropped
     seen = [e["event"] for e in on_disk["trace_events"]] + [e["event"] for e in on_disk["trace_pending"]]
     assert seen == ["gpus_granted", "reclaim_notice"]
+    # a shrink that happened met the trace's deadline (on the controller's clock, not trace-relative)
+    assert all(sh["met_deadline"] for sh in on_disk["reconfigurations"]["shrinks"])
     assert on_disk["per_step"][1]["version"] == 2

@@ -4,9 +4,29 @@ The batch makespan is the completion time of the *last* of the ``B`` trajectorie
 is a sequence of turns; turn ``k`` is prefill -> decode -> environment step. The tail of the batch
 matters: as trajectories finish, fewer remain, decode batches shrink and GPUs idle (bubbles).
 So the makespan is a sum over turns of a per-turn *cycle time* ``C_k`` computed at the number of
-trajectories still alive at that turn::
+trajectories still alive at that turn, each turn weighted by the probability that the batch's
+longest trajectory still runs it::
 
-    M = sum_k C_k( B_k ),     B_k = B * S(k)      (S: survival of the workload profile)
+    M = sum_k R_k C_k( B_k ),  B_k = B * S(k),  R_k = 1 - (1 - S(k))^B
+        (S: survival of the workload profile; R_k: P(at least one of B trajectories reaches turn k))
+
+so ``sum_k R_k = E[max turns over the batch]``. This is the *prior* form, used until telemetry has
+seen whole trajectories. Once the workload profile carries the observed ratio of the slowest to
+the mean trajectory duration in a batch (``tail_factor``, fitted by ``fit_workload`` from whole
+trajectories in the window), the makespan is the mean trajectory duration scaled by it::
+
+    M = rho T_mean,   T_mean = sum_k S(k) C_k( B_k ),   rho = E[max_i T_i] / E[T_i]  (measured)
+
+Why (formula change, session 2): the first version weighted every turn with ``S(k) > 1e-4`` by 1,
+i.e. the batch was assumed to contain a trajectory that runs the profile's *maximal* number of
+turns, each at the mean per-turn cost. With a trajectory token limit that binds (the ``paper``
+workload: most trajectories end at 32K tokens), the trajectories that run the most turns are those
+with *short* turns, so that path overestimates the slowest trajectory: measured on the emulator
+(colocated, 8 workers, B = 64, Qwen3-8B), the per-turn cycles C_k were within a few % of the
+observed turn times, yet the old sum was +8.5 % above the observed makespan (the slowest
+trajectory ran 15-18 of a possible 19 turns). The reach weights alone remove ~2 points; the
+measured tail factor removes the rest. Modelling choice: rho is treated as a property of the
+workload and B, carried over unchanged to every candidate allocation.
 
 Turns are compressed into at most ``STAGES`` consecutive groups (per-group means) so that every
 candidate allocation is evaluated at once with numpy (vectorised over candidates x stages).
@@ -17,18 +37,39 @@ P = P(x, c) prefill time, tau(n, L) decode iteration time at batch n, X = X(x + 
 of the whole context (the decode worker needs every KV entry of the prompt), H_max KV tokens per
 worker, K_seq KV footprint of one trajectory.
 
-Colocation (N workers, m = max(B_k / N, 1) trajectories per worker; prefill and decode serialise
-on the same GPUs). Unknowns: the decode concurrency n and the cycle C, found by fixed-point
-iteration (damped, ``ITERATIONS`` rounds)::
+Colocation (N workers; prefill and decode serialise on the same GPUs). Routing keeps a trajectory
+on its worker (prefix cache affinity) and admission starts balanced, B / N per worker; the
+survivors at turn k are a uniformly random subset, so a surviving trajectory shares its worker
+with (size-biased, hypergeometric)::
+
+    m = 1 + (B / N - 1) (B_k - 1) / (B - 1)        (>= 1; = B / N while all are alive)
+
+trajectories, not the balanced B_k / N (session 2: the balanced tail under-predicted the last
+turns by ~20 % on the emulator). Unknowns: the decode concurrency n and the cycle C, found by
+fixed-point iteration (damped, ``ITERATIONS`` rounds)::
 
     u     = min(m P / C, u_cap)                prefill share of the worker's time
-    D     = o tau(n, L) / (1 - u)              decode of o tokens, stalled by prefill interference
+    D     = o tau(n, L) / (1 - u (m - 1) / m)  decode of o tokens, stalled by the *other*
+                                               trajectories' prefills (own prefill precedes it)
     W     = u P / (2 (1 - u))                  wait for other trajectories' prefills (M/D/1)
     C_lat = W + P + D + e                      one trajectory's own turn (env included)
-    C_cap = m P + (m o / n) tau(n, L)          the worker's busy time per turn of all m trajectories
+    C_cap = m P + o tau(m, L)                  the worker's least busy time per turn of all m
+                                               trajectories (every decode iteration batches all m)
     C     = max(C_lat, C_cap)
     n     = clip(m D / C, 1, m)                Little's law: env steps and prefill reduce the
                                                number of trajectories decoding at once
+
+(Session 2 fixes, measured on the emulator: the decode stall counts only the *other*
+trajectories' prefills, ``(m - 1) / m``; and the capacity bound uses the fullest batch ``tau(m)``.
+The first version used ``(m o / n) tau(n)`` with the Little's-law ``n``, which is inconsistent
+with ``D`` by one prefill per cycle (``C_cap = C + P`` at the fixed point), so the iteration
+drifted upward by ~P per round and the result depended on ``ITERATIONS``: +9 % on Qwen3-8B.)
+
+Batch start: all B trajectories submit their first prompt at once, so the first turn also waits
+for the prefills queued ahead of it on its worker (colocation, m_0 = B / N per worker) or in the
+prefill pool (disaggregation, B / N_P per prefill worker); the mean wait, added once::
+
+    W_start = max(m_0 - 1, 0) P_1 / 2,      P_1 = P(x_1, c_1)   (the first turn's prefill)
 
 KV memory: at most m_cap = H_max / K_seq trajectories fit on a worker; if m > m_cap the rest wait
 (the cycle is scaled by m / m_cap).
@@ -80,7 +121,8 @@ F64 = npt.NDArray[np.float64]
 
 @dataclass(frozen=True, slots=True)
 class Stages:
-    """Turn groups: ``turns[s]`` turns whose per-turn means are the other arrays (shape (1, S))."""
+    """Turn groups: ``turns[s]`` turns whose per-turn means are the other arrays (shape (1, S));
+    ``surv[s]`` the survival S(k) of each turn of group s (for the reach weights ``R_k``)."""
 
     turns: F64
     alive: F64
@@ -88,6 +130,24 @@ class Stages:
     c: F64
     o: F64
     e: F64
+    surv: tuple[tuple[float, ...], ...] = ()
+
+    def path(self, wl: WorkloadProfile, batch: int) -> tuple[F64, float]:
+        """(per-group turn weights, factor): the makespan is ``factor * sum(weights * C)``.
+        With ``wl.tail_factor``: weights = sum of S(k) over the group (the mean trajectory),
+        factor = rho; without: the reach weights R_k and factor 1 (module docstring)."""
+        if wl.tail_factor is None or not self.surv:
+            return self.reach(batch), 1.0
+        w = np.asarray([sum(g) for g in self.surv], dtype=np.float64).reshape(1, -1)
+        return w, max(wl.tail_factor, 1.0)
+
+    def reach(self, batch: int) -> F64:
+        """Per group: sum over its turns of R_k = 1 - (1 - S(k))^B (expected turns of the batch's
+        longest trajectory in this group); shape (1, S)."""
+        if not self.surv:
+            return self.turns
+        r = [sum(1.0 - (1.0 - min(max(sk, 0.0), 1.0)) ** batch for sk in group) for group in self.surv]
+        return np.asarray(r, dtype=np.float64).reshape(1, -1)
 
     @staticmethod
     def of(wl: WorkloadProfile, stages: int = STAGES) -> Stages:
@@ -99,6 +159,7 @@ class Stages:
         k = wl.max_turns
         edges = np.linspace(0, k, min(stages, k) + 1).round().astype(int)
         cols: list[list[float]] = [[], [], [], [], [], []]
+        groups: list[tuple[float, ...]] = []
         surv = np.asarray(wl.survival)
         arrays = [np.asarray(a, dtype=np.float64) for a in (wl.new_tokens, wl.cached_tokens, wl.output_tokens, wl.env_s)]
         for lo, hi in itertools.pairwise(edges.tolist()):
@@ -110,11 +171,12 @@ class Stages:
                 continue
             # turns in this group, counted for the last trajectory: each turn is on its path
             cols[0].append(float(hi - lo))
+            groups.append(tuple(float(v) for v in w))
             cols[1].append(wsum / (hi - lo))
             for j, a in enumerate(arrays):
                 cols[2 + j].append(float((a[lo:hi] * w).sum() / wsum))
         t, alive, x, c, o, e = (np.asarray(col, dtype=np.float64).reshape(1, -1) for col in cols)
-        return Stages(t, alive, x, c, o, e)
+        return Stages(t, alive, x, c, o, e, tuple(groups))
 
 
 @functools.lru_cache(maxsize=64)
@@ -134,6 +196,11 @@ def _prefill(hw: HardwareProfile, x: F64, c: F64) -> F64:
     return hw.a0 + hw.a1 * x + hw.a2 * x * (c + x / 2.0)
 
 
+def _first_prefill(hw: HardwareProfile, wl: WorkloadProfile) -> float:
+    """P_1: prefill of the first turn (nothing cached yet)."""
+    return hw.prefill_s(wl.new_tokens[0], wl.cached_tokens[0])
+
+
 def _converged(prev: F64, cur: F64, rtol: float = 1e-4) -> bool:
     """Stop early once no cycle time moved by more than ``rtol`` (relative) in one round."""
     return bool(np.all(np.abs(cur - prev) <= rtol * cur))
@@ -143,7 +210,8 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
     """Predicted makespan (s) for colocation on each entry of ``n_workers`` (shape (M,))."""
     nw = n_workers.reshape(-1, 1).astype(np.float64)
     bk = batch * st.alive
-    m = np.maximum(bk / nw, 1.0)
+    m0 = np.maximum(batch / nw, 1.0)
+    m = np.maximum(1.0 + (m0 - 1.0) * (bk - 1.0) / max(batch - 1.0, 1.0), 1.0)
     m_cap = max(hw.kv_capacity_tokens / max(wl.k_seq, 1.0), 1.0)
     waves = np.maximum(m / m_cap, 1.0)
     m = np.minimum(m, m_cap)
@@ -151,18 +219,20 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
     ctx = st.x + st.c + st.o / 2.0
     n = m.copy()
     c_cyc = p + st.o * _tau(hw, n, ctx) + st.e
+    c_cap = m * p + st.o * _tau(hw, m, ctx)
     for _ in range(ITERATIONS):
         tau = _tau(hw, n, ctx)
         u = np.minimum(m * p / c_cyc, U_CAP_COLOCATED)
-        d = st.o * tau / (1.0 - u)
+        d = st.o * tau / (1.0 - u * (m - 1.0) / m)
         w = u * p / (2.0 * (1.0 - u))
         c_lat = w + p + d + st.e
-        c_cap = m * p + (m * st.o / n) * tau
         prev, c_cyc = c_cyc, np.maximum(c_lat, c_cap)
         n = 0.5 * n + 0.5 * np.clip(m * d / c_cyc, 1.0, m)
         if _converged(prev, c_cyc):
             break
-    total: F64 = (st.turns * c_cyc * waves).sum(axis=1)
+    weights, factor = st.path(wl, batch)
+    start = np.maximum(m0[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
+    total: F64 = factor * ((weights * c_cyc * waves).sum(axis=1) + start)
     return total
 
 
@@ -207,5 +277,7 @@ def disaggregated_makespan(
     u_req = bk * p / (npf * np.maximum(c_lat, c_d))
     prefill_ok = (u_req <= u_max).all(axis=1)
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
-    total: F64 = (st.turns * c_cyc).sum(axis=1)
+    weights, factor = st.path(wl, batch)
+    start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
+    total: F64 = factor * ((weights * c_cyc).sum(axis=1) + start)
     return DisaggResult(total, prefill_ok, kv_ok)

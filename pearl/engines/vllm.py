@@ -111,10 +111,10 @@ class VllmEngine:
     @staticmethod
     def from_config(spec: Any, run_dir: str | Path, kv_mode: KvMode = "per_role") -> VllmEngine:
         """From ``pearl.config.EngineSpec`` (max_model_len, kv_cache_gib, threads_per_server,
-        start_timeout_s, request_timeout_s, extra_args)."""
+        start_timeout_s, request_timeout_s, nice, extra_args)."""
         return VllmEngine(run_dir, VllmSettings(
             max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
-            threads_per_server=spec.threads_per_server, start_timeout_s=spec.start_timeout_s,
+            threads_per_server=spec.threads_per_server, start_timeout_s=spec.start_timeout_s, nice=spec.nice,
             request_timeout_s=spec.request_timeout_s, extra_args=tuple(spec.extra_args)), kv_mode)
 
     # ------------------------------------------------------------------------------ servers
@@ -143,7 +143,7 @@ class VllmEngine:
         if spec.worker_id in self._servers and self._servers[spec.worker_id].alive:
             raise EngineError(spec.worker_id, "already running; stop it or set_role instead of launching twice")
         srv = VllmServer(spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
-                         weight_version=spec.weight_version, settings=self.settings,
+                         nice=self.settings.nice, weight_version=spec.weight_version, settings=self.settings,
                          kv_role=kv_role_for(spec.role, self.kv_mode))
         self._servers[spec.worker_id] = srv
         await srv.start()
@@ -441,6 +441,25 @@ class VllmEngine:
         p, d = self._alive(prefill_id), self._alive(decode_id)
         if req.sampling.max_new_tokens < 1:
             raise EngineError(decode_id, f"request {req.rid}: max_new_tokens must be >= 1")
+        empty = replace(self._result(req, _Stream(), d, RequestTimings(), prefill_id), finish_reason=FinishReason.ABORT)
+        try:
+            handle = await self.pd_prefill(p.spec.worker_id, req)
+        except (EngineDeadError, KVTransferError) as exc:
+            exc.partial = empty
+            raise
+        if handle is None:
+            return empty  # the prefill was aborted: nothing generated yet
+        return await self.pd_decode(decode_id, req, handle, prefill_id)
+
+    async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, Any] | None:
+        """The prefill half of ``generate_pd``: ``{"kv_transfer_params", "prefill_s"}`` for
+        ``pd_decode`` on any decode server that reaches this one over NIXL (another node's too: the
+        node agents run the halves of a cross-node pair, ``pearl.runtime.node_agent``), or None if
+        the prefill was aborted (nothing generated). Errors carry no partial (the caller's pair
+        knows the decode side)."""
+        p = self._alive(prefill_id)
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError(prefill_id, f"request {req.rid}: max_new_tokens must be >= 1")
         pst = _Stream()
         t0 = time.perf_counter()
         pbody = self._body(replace(req, rid=f"{req.rid}.p", return_logprobs=False), 1,
@@ -448,30 +467,32 @@ class VllmEngine:
                             "remote_block_ids": None, "remote_host": None, "remote_port": None})
         pbody["stream"] = False
         del pbody["stream_options"]
-        try:
-            normal = await self._run(p, pbody, pst)
-        except EngineDeadError as exc:
-            exc.partial = self._result(req, _Stream(), d, RequestTimings(), prefill_id)
-            raise
-        empty = replace(self._result(req, _Stream(), d, RequestTimings(), prefill_id), finish_reason=FinishReason.ABORT)
+        normal = await self._run(p, pbody, pst)
         if not normal or pst.finish not in ("stop", "length"):
-            return empty  # the prefill was aborted: nothing generated yet
+            return None
         if not pst.kv_params:
             raise KVTransferError(prefill_id, f"request {req.rid}: prefill server returned no kv_transfer_params; "
-                                  "is it launched with the NixlConnector (role prefill)?", partial=empty)
+                                  "is it launched with the NixlConnector (role prefill)?")
+        return {"kv_transfer_params": pst.kv_params, "prefill_s": time.perf_counter() - t0}
+
+    async def pd_decode(self, decode_id: str, req: GenerateRequest, handle: Mapping[str, Any],
+                        prefill_id: str = "") -> GenerateResult:
+        """The decode half: the full request with the prefill's ``kv_transfer_params``; the decode
+        server pulls the KV over NIXL and generates every output token."""
+        d = self._alive(decode_id)
         t1 = time.perf_counter()
         st = _Stream()
         version = d.weight_version
         try:
-            await self._run(d, self._body(req, req.sampling.max_new_tokens, pst.kv_params), st)
+            await self._run(d, self._body(req, req.sampling.max_new_tokens, dict(handle["kv_transfer_params"])), st)
         except EngineDeadError as exc:
             exc.partial = replace(self._result(req, st, d, RequestTimings(), prefill_id), weight_version=version,
                                   finish_reason=FinishReason.ABORT)
             raise
         decode_s, step_s = self._decode_timings(st)
         first = (st.t_first - t1) if st.t_first is not None else time.perf_counter() - t1
-        timings = RequestTimings(prefill_s=t1 - t0, transfer_s=max(first - step_s, 0.0), decode_s=decode_s,
-                                 decode_concurrency=st.conc_sum / st.conc_n if st.conc_n else 1.0)
+        timings = RequestTimings(prefill_s=float(handle.get("prefill_s", 0.0)), transfer_s=max(first - step_s, 0.0),
+                                 decode_s=decode_s, decode_concurrency=st.conc_sum / st.conc_n if st.conc_n else 1.0)
         res = self._result(req, st, d, timings, prefill_id)
         if res.finish_reason is FinishReason.ABORT:
             res = replace(res, weight_version=version)

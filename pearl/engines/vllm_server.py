@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -38,22 +37,31 @@ import aiohttp
 
 from pearl.engines.base import EngineDeadError, EngineError, EngineStartError, ServerSpec
 from pearl.engines.vllm_broadcast import free_port
+from pearl.procutil import die_with_parent
 
 WORKER_EXTENSION = "pearl.engines.vllm_worker_ext.PearlWorkerExtension"
 SERVED_MODEL_NAME = "pearl"
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the engine's process dies, so a crashed
-    or killed owner (e.g. a timed-out test) never leaves servers running; SIGTERM lets the server
-    shut its own engine-core / worker children down."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def lower_priority(pid: int, nice: int) -> None:
+    """Give a running server (the process group and session ``pid`` leads: the API server, its
+    engine core and workers) the CPU niceness ``nice``.
+
+    Applied once the server is *ready*: a starting server (an expansion in preparation) keeps full
+    priority, so a trainer busy on the same cores does not stretch its start-up. Both knobs are set
+    because with Linux autogroup scheduling (``sched_autogroup_enabled=1``, the default on most
+    kernels) CPU is shared between *sessions* first and a task's nice only ranks it inside its own
+    session, and every server leads a new session (``start_new_session``). Not fatal where the
+    platform lacks either knob."""
+    if nice <= 0:
+        return
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PGRP, pid, nice)
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
+        f.write(str(nice))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,7 @@ class VllmSettings:
     start_timeout_s: float = 300.0
     request_timeout_s: float = 600.0
     seed: int = 0
+    nice: int = 0
     python: str = sys.executable
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -93,6 +102,7 @@ class ChildServer(ABC):
     spec: ServerSpec
     log_dir: Path
     start_timeout_s: float = 300.0
+    nice: int = 0
     port: int = 0
     log_path: Path = field(default=Path())
     proc: asyncio.subprocess.Process | None = None
@@ -145,7 +155,7 @@ class ChildServer(ABC):
             log.flush()
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=self.env(), start_new_session=True, preexec_fn=_die_with_parent)
+                env=self.env(), start_new_session=True, preexec_fn=die_with_parent)
         self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.spec.worker_id}")
         try:
             await asyncio.wait_for(self._wait_ready(), timeout=self.start_timeout_s)
@@ -159,6 +169,7 @@ class ChildServer(ABC):
             await self.stop()
             raise
         self.ready_s = time.monotonic() - t0
+        lower_priority(self.proc.pid, self.nice)
 
     async def _wait_ready(self) -> None:
         timeout = aiohttp.ClientTimeout(total=5)

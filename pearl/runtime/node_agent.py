@@ -4,10 +4,12 @@ controller's command and reports their health. ``RemoteEngine`` is the controlle
 Wire protocol (HTTP + JSON, aiohttp; every route needs ``Authorization: Bearer <internal token>``,
 a per-run secret rank 0 publishes through the torch.distributed store)::
 
-    GET  /agent/v1/health                   {"node", "rank", "workers": {id: healthy}, "children": {...}}
+    GET  /agent/v1/health                   {"node", "rank", "workers": {id: healthy}, "children": {...},
+                                             "split_pd": engine runs PD halves (cross-node pairs)}
     POST /agent/v1/engine/<method>          one InferenceEngine call: launch, stop, healthy, generate,
                                             generate_pd, abort, pause, resume, load_weights,
-                                            weight_version, release_memory, resume_memory, set_role
+                                            weight_version, release_memory, resume_memory, set_role,
+                                            pd_prefill (-> KV handle | null), pd_decode (with the handle)
                                             -> {"ok": true, "result": ...} or
                                                {"ok": false, "error": {"type", "worker_id", "message", ...}}
     POST /agent/v1/children/<name>/start    {"module": "pearl.train.trainer", "args": [...], "env": {...},
@@ -16,6 +18,7 @@ a per-run secret rank 0 publishes through the torch.distributed store)::
     POST /agent/v1/children/<name>/send     {"line": {...}} -> {"reply": {...}}  (one JSON line each way:
                                             the trainer rank's stdin/stdout protocol, pearl.train.trainer)
     POST /agent/v1/children/<name>/stop     terminate (SIGTERM, then SIGKILL after 10 s)
+    POST /agent/v1/free-port                {"port": a free TCP port on this node}
     POST /agent/v1/shutdown                 stop every server and child; the rank's process then exits
 
 Only modules in ``CHILD_MODULES`` may be started: the agent never runs an arbitrary command.
@@ -28,8 +31,11 @@ logic sees what it would see locally. A cancelled ``RemoteEngine.generate`` abor
 request before re-raising (the ``InferenceEngine`` contract).
 
 Placement: ``RemoteEngine`` routes a worker to the agent of the node its first device lies on
-(``node_of(device)``, from the cluster table); ``generate_pd`` needs both workers on one node
-(cross-node KV transfer is the real engines' business: NIXL / Mooncake between their servers).
+(``node_of(device)``, from the cluster table). A PD pair on one node runs ``generate_pd`` on its
+agent; a pair across nodes runs ``pd_prefill`` on the prefill node's agent and ``pd_decode`` with
+the returned KV handle on the decode node's (the KV itself moves server to server: NIXL for vLLM);
+engines without that split answer ``KVTransferError``. ``GET /health`` says ``split_pd``.
+``POST /agent/v1/free-port`` returns a free port on the node (the trainer group's rendezvous).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,7 +55,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pearl.admin.security import token_matches
+from pearl.admin.security import is_loopback, token_matches
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineDeadError,
@@ -60,85 +67,27 @@ from pearl.engines.base import (
     InferenceEngine,
     KVTransferError,
     RequestTimings,
-    SamplingParams,
     ServerSpec,
 )
+from pearl.runtime.agent_wire import (  # re-exported: the wire format is part of this module's API
+    error_from_dict,
+    error_to_dict,
+    request_from_dict,
+    request_to_dict,
+    result_from_dict,
+    result_to_dict,
+    spec_from_dict,
+    spec_to_dict,
+)
+
+__all__ = ["CHILD_MODULES", "AgentClient", "Child", "NodeAgent", "RemoteEngine", "error_from_dict", "error_to_dict",
+           "request_from_dict", "request_to_dict", "result_from_dict", "result_to_dict", "spec_from_dict",
+           "spec_to_dict", "splits_pd"]
 
 log = logging.getLogger("pearl.agent")
 
 CHILD_MODULES = frozenset({"pearl.train.trainer"})
 _STOP_GRACE_S = 10.0
-
-
-# ------------------------------------------------------------------------------ (de)serialisation
-def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
-    return {**dataclasses.asdict(spec), "devices": list(spec.devices), "role": spec.role.value}
-
-
-def spec_from_dict(d: Mapping[str, Any]) -> ServerSpec:
-    return ServerSpec(
-        worker_id=str(d["worker_id"]), devices=tuple(str(x) for x in d["devices"]), role=Role(d["role"]),
-        weights=str(d["weights"]), weight_version=int(d.get("weight_version", 0)), port=int(d.get("port", 0)),
-        host=str(d.get("host", "127.0.0.1")), extra={str(k): str(v) for k, v in dict(d.get("extra", {})).items()},
-    )
-
-
-def request_to_dict(req: GenerateRequest) -> dict[str, Any]:
-    s = req.sampling
-    return {
-        "rid": req.rid, "input_ids": list(req.input_ids), "return_logprobs": req.return_logprobs,
-        "sampling": {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                     "stop_token_ids": list(s.stop_token_ids), "seed": s.seed},
-    }
-
-
-def request_from_dict(d: Mapping[str, Any]) -> GenerateRequest:
-    s = d["sampling"]
-    return GenerateRequest(
-        rid=str(d["rid"]), input_ids=tuple(int(x) for x in d["input_ids"]),
-        sampling=SamplingParams(int(s["max_new_tokens"]), float(s.get("temperature", 1.0)),
-                                float(s.get("top_p", 1.0)), tuple(int(x) for x in s.get("stop_token_ids", ())),
-                                None if s.get("seed") is None else int(s["seed"])),
-        return_logprobs=bool(d.get("return_logprobs", True)),
-    )
-
-
-def result_to_dict(r: GenerateResult) -> dict[str, Any]:
-    return {**dataclasses.asdict(r), "output_ids": list(r.output_ids), "logprobs": list(r.logprobs),
-            "finish_reason": r.finish_reason.value}
-
-
-def result_from_dict(d: Mapping[str, Any]) -> GenerateResult:
-    return GenerateResult(
-        rid=str(d["rid"]), output_ids=tuple(int(x) for x in d["output_ids"]),
-        logprobs=tuple(float(x) for x in d["logprobs"]), finish_reason=FinishReason(d["finish_reason"]),
-        weight_version=int(d["weight_version"]), prompt_tokens=int(d["prompt_tokens"]),
-        cached_tokens=int(d.get("cached_tokens", 0)), timings=RequestTimings(**dict(d.get("timings", {}))),
-        worker_id=str(d.get("worker_id", "")), decode_worker_id=str(d.get("decode_worker_id", "")),
-    )
-
-
-def error_to_dict(e: EngineError) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type(e).__name__, "worker_id": e.worker_id,
-                           "message": str(e).removeprefix(f"worker {e.worker_id}: ")}
-    partial = getattr(e, "partial", None)
-    out["partial"] = None if partial is None else result_to_dict(partial)
-    if isinstance(e, EngineDeadError):
-        out["exit_code"], out["log_tail"] = e.exit_code, e.log_tail
-        out["message"] = out["message"].split(" (exit code")[0].split("; last log lines:")[0]
-    return out
-
-
-def error_from_dict(d: Mapping[str, Any]) -> EngineError:
-    wid, msg = str(d.get("worker_id", "")), str(d.get("message", ""))
-    partial = None if d.get("partial") is None else result_from_dict(d["partial"])
-    kind = d.get("type")
-    if kind in ("EngineDeadError", "EngineStartError"):
-        cls = EngineStartError if kind == "EngineStartError" else EngineDeadError
-        return cls(wid, msg, d.get("exit_code"), str(d.get("log_tail", "")), partial)
-    if kind == "KVTransferError":
-        return KVTransferError(wid, msg, partial)
-    return EngineError(wid, msg)
 
 
 # ------------------------------------------------------------------------------ children
@@ -192,13 +141,19 @@ class Child:
 # ------------------------------------------------------------------------------ the agent
 _ENGINE_METHODS = frozenset({
     "launch", "stop", "healthy", "generate", "generate_pd", "abort", "pause", "resume", "load_weights",
-    "weight_version", "release_memory", "resume_memory", "set_role",
+    "weight_version", "release_memory", "resume_memory", "set_role", "pd_prefill", "pd_decode",
 })
+
+
+def splits_pd(engine: InferenceEngine) -> bool:
+    """Whether ``engine`` runs the two halves of a PD request on its own (``pd_prefill`` returns a
+    JSON handle, ``pd_decode`` takes it), so a pair may span two nodes (vLLM + NIXL)."""
+    return callable(getattr(engine, "pd_prefill", None)) and callable(getattr(engine, "pd_decode", None))
 
 
 class NodeAgent:
     def __init__(self, node: str, rank: int, engine: InferenceEngine, token: str, host: str = "127.0.0.1",
-                 port: int = 0, log_dir: str | None = None) -> None:
+                 port: int = 0, log_dir: str | None = None, server_host: str | None = None) -> None:
         self.node = node
         self.rank = rank
         self.engine = engine
@@ -206,6 +161,10 @@ class NodeAgent:
         self.host = host
         self.port = port
         self.log_dir = log_dir
+        # the address this node's engine servers bind to when the controller asks for loopback: a
+        # cross-node PD pair needs the prefill server's KV side channel (NIXL) reachable from the
+        # decode node, so on a cluster it is this node's routable host name
+        self.server_host = server_host
         self.workers: set[str] = set()
         self.children: dict[str, Child] = {}
         self.shutdown_requested = asyncio.Event()
@@ -222,6 +181,7 @@ class NodeAgent:
         app.router.add_post("/agent/v1/children/{name}/start", self._child_start)
         app.router.add_post("/agent/v1/children/{name}/send", self._child_send)
         app.router.add_post("/agent/v1/children/{name}/stop", self._child_stop)
+        app.router.add_post("/agent/v1/free-port", self._free_port)
         app.router.add_post("/agent/v1/shutdown", self._shutdown)
         return app
 
@@ -261,7 +221,8 @@ class NodeAgent:
             except EngineError:
                 health[wid] = False
         children = {n: {"pid": c.proc.pid, "returncode": c.proc.returncode} for n, c in self.children.items()}
-        return web.json_response({"node": self.node, "rank": self.rank, "workers": health, "children": children})
+        return web.json_response({"node": self.node, "rank": self.rank, "workers": health, "children": children,
+                                  "split_pd": splits_pd(self.engine)})
 
     async def _engine_call(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
@@ -280,6 +241,8 @@ class NodeAgent:
         e = self.engine
         if method == "launch":
             spec = spec_from_dict(a["spec"])
+            if self.server_host and is_loopback(spec.host):
+                spec = dataclasses.replace(spec, host=self.server_host)
             await e.launch(spec)
             self.workers.add(spec.worker_id)
             return None
@@ -291,6 +254,16 @@ class NodeAgent:
             return result_to_dict(await e.generate(a["worker_id"], request_from_dict(a["req"])))
         if method == "generate_pd":
             return result_to_dict(await e.generate_pd(a["prefill_id"], a["decode_id"], request_from_dict(a["req"])))
+        if method in ("pd_prefill", "pd_decode"):
+            if not splits_pd(e):
+                wid = a["prefill_id"] if method == "pd_prefill" else a["decode_id"]
+                raise KVTransferError(wid, f"node {self.node}'s engine ({type(getattr(e, 'inner', e)).__name__}) "
+                                           "hands KV over within one server pair only: keep this pair on one node")
+            req = request_from_dict(a["req"])
+            if method == "pd_prefill":
+                return await e.pd_prefill(a["prefill_id"], req)  # type: ignore[attr-defined]
+            res = await e.pd_decode(a["decode_id"], req, a["handle"], a.get("prefill_id", ""))  # type: ignore[attr-defined]
+            return result_to_dict(res)
         if method == "abort":
             return await e.abort(a["worker_id"], a.get("rid"))
         if method == "load_weights":
@@ -350,6 +323,13 @@ class NodeAgent:
             return web.json_response({"returncode": None})
         return web.json_response({"returncode": await child.stop()})
 
+    async def _free_port(self, request: web.Request) -> web.Response:
+        """A free TCP port on this node (e.g. the trainer group's rendezvous port on rank 0's node)."""
+        host = self.server_host or ("127.0.0.1" if is_loopback(self.host) else "0.0.0.0")
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return web.json_response({"port": int(sock.getsockname()[1])})
+
     async def _shutdown(self, request: web.Request) -> web.Response:
         self.shutdown_requested.set()
         return web.json_response({"ok": True})
@@ -367,7 +347,8 @@ class AgentClient:
     async def call(self, method: str, **args: Any) -> Any:
         """One engine call on the agent. An unreachable agent (its node or process is gone) is an
         ``EngineDeadError`` of the worker: the runtime removes the worker, as for a dead server."""
-        wid = str(args.get("worker_id", args.get("prefill_id", "?")))
+        wid = str(args.get("worker_id") or (args.get("decode_id") if method == "pd_decode" else None)
+                  or args.get("prefill_id", "?"))
         try:
             async with self._session.post(f"{self.url}/agent/v1/engine/{method}", json=args,
                                           headers=self._headers) as resp:
@@ -402,81 +383,179 @@ class AgentClient:
 
 
 class RemoteEngine:
-    """``InferenceEngine`` whose servers live on node agents (see the module docstring)."""
+    """``InferenceEngine`` whose servers live on node agents (see the module docstring).
+
+    Cross-node PD: when the prefill and decode workers sit on two nodes, the prefill half runs on
+    the prefill node's agent (``pd_prefill``: the prompt with ``do_remote_decode``; its reply is the
+    KV handle, for vLLM the ``kv_transfer_params`` naming the prefill server's NIXL side channel)
+    and the decode half on the decode node's agent (``pd_decode`` with that handle: the decode
+    server pulls the KV straight from the prefill server over NIXL, server to server; only the
+    small handle passes through the controller). Engines without the split (the emulated engine,
+    SGLang here) answer ``KVTransferError``: keep their pairs on one node.
+
+    Lost nodes: ``mark_node_dead(node, reason)`` (called by ``pearl.runtime.agent_watch.AgentWatcher``
+    when an agent stops answering ``/health``) fails every in-flight call to that node at once with
+    ``EngineDeadError`` and every later one too, so the pipeline resumes the turns elsewhere and
+    the controller removes the workers; ``mark_node_alive`` undoes it when the agent answers again.
+    The partial output of a request in flight on a lost node is lost with the node (the agent held
+    it); the turn restarts from its last completed part.
+    """
 
     def __init__(self, agents: Mapping[str, AgentClient], node_of: Callable[[str], str]) -> None:
         self.agents = dict(agents)
         self._node_of = node_of
-        self._where: dict[str, AgentClient] = {}
+        self._where: dict[str, str] = {}  # worker id -> node
+        self._dead: dict[str, str] = {}  # node -> why it is considered lost
+        self._lost: dict[str, asyncio.Event] = {n: asyncio.Event() for n in self.agents}
 
-    def _agent(self, worker_id: str) -> AgentClient:
+    # ------------------------------------------------------------------ nodes
+    def workers_on(self, node: str) -> list[str]:
+        return sorted(w for w, n in self._where.items() if n == node)
+
+    def node_of_worker(self, worker_id: str) -> str:
+        return self._node(worker_id)
+
+    def dead_nodes(self) -> dict[str, str]:
+        return dict(self._dead)
+
+    def mark_node_dead(self, node: str, reason: str) -> list[str]:
+        """Fail every call to ``node`` from now on (in-flight ones at once); its workers' ids."""
+        if node not in self._dead:
+            self._dead[node] = reason
+            self._lost.setdefault(node, asyncio.Event()).set()
+            log.warning("node %s marked dead: %s; its workers %s fail over", node, reason, self.workers_on(node))
+        return self.workers_on(node)
+
+    def mark_node_alive(self, node: str) -> None:
+        if self._dead.pop(node, None) is not None:
+            self._lost[node] = asyncio.Event()
+            log.info("node %s answers again: new workers may be placed there", node)
+
+    def _node(self, worker_id: str) -> str:
         try:
             return self._where[worker_id]
         except KeyError:
             raise EngineError(worker_id, "not launched through this RemoteEngine") from None
 
+    async def _call(self, node: str, method: str, wid: str, **args: Any) -> Any:
+        """``agent.call`` raced against the node being marked dead."""
+        if node in self._dead:
+            raise EngineDeadError(wid, f"node {node} is lost ({self._dead[node]}) during {method}")
+        lost = self._lost.setdefault(node, asyncio.Event())
+        call = asyncio.ensure_future(self.agents[node].call(method, **args))
+        waiter = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({call, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            waiter.cancel()
+            await asyncio.gather(call, waiter, return_exceptions=True)
+            raise
+        if call.done():
+            waiter.cancel()
+            return call.result()
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        raise EngineDeadError(wid, f"node {node} is lost ({self._dead.get(node, 'agent unreachable')}) during {method}")
+
+    async def _on(self, worker_id: str, method: str, **args: Any) -> Any:
+        return await self._call(self._node(worker_id), method, worker_id, worker_id=worker_id, **args)
+
+    # ------------------------------------------------------------------ InferenceEngine
     async def launch(self, spec: ServerSpec) -> None:
         node = self._node_of(spec.devices[0])
-        agent = self.agents.get(node)
-        if agent is None:
+        if node not in self.agents:
             raise EngineStartError(spec.worker_id, f"no node agent for node {node!r} (known: {sorted(self.agents)})")
-        await agent.call("launch", spec=spec_to_dict(spec))
-        self._where[spec.worker_id] = agent
+        if node in self._dead:
+            raise EngineStartError(spec.worker_id, f"node {node} is lost ({self._dead[node]}): not launching there")
+        await self._call(node, "launch", spec.worker_id, spec=spec_to_dict(spec))
+        self._where[spec.worker_id] = node
 
     async def stop(self, worker_id: str) -> None:
-        agent = self._where.pop(worker_id, None)
-        if agent is not None:
-            await agent.call("stop", worker_id=worker_id)
+        node = self._where.pop(worker_id, None)
+        if node is not None and node not in self._dead:  # a lost node's servers went with it
+            await self._call(node, "stop", worker_id, worker_id=worker_id)
 
     async def healthy(self, worker_id: str) -> bool:
-        return bool(await self._agent(worker_id).call("healthy", worker_id=worker_id))
+        if self._where.get(worker_id) in self._dead:
+            return False
+        return bool(await self._on(worker_id, "healthy"))
 
     async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
-        agent = self._agent(worker_id)
+        node = self._node(worker_id)
         try:
-            return result_from_dict(await agent.call("generate", worker_id=worker_id, req=request_to_dict(req)))
+            return result_from_dict(await self._call(node, "generate", worker_id, worker_id=worker_id,
+                                                     req=request_to_dict(req)))
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(agent.call("abort", worker_id=worker_id, rid=req.rid))
+            await self._abort_quietly(node, worker_id, req.rid)
             raise
+
+    async def _abort_quietly(self, node: str, worker_id: str, rid: str) -> None:
+        if node in self._dead:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.agents[node].call("abort", worker_id=worker_id, rid=rid))
 
     async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
-        agent = self._agent(prefill_id)
-        if self._agent(decode_id) is not agent:
-            raise KVTransferError(decode_id, f"prefill {prefill_id} and decode {decode_id} are on different nodes; "
-                                             "this engine hands KV over within a node only")
+        pnode, dnode = self._node(prefill_id), self._node(decode_id)
+        if pnode == dnode:
+            try:
+                raw = await self._call(pnode, "generate_pd", prefill_id, prefill_id=prefill_id, decode_id=decode_id,
+                                       req=request_to_dict(req))
+                return result_from_dict(raw)
+            except asyncio.CancelledError:
+                await self._abort_quietly(pnode, prefill_id, req.rid)
+                await self._abort_quietly(pnode, decode_id, req.rid)
+                raise
+        return await self._generate_pd_across(prefill_id, pnode, decode_id, dnode, req)
+
+    async def _generate_pd_across(self, prefill_id: str, pnode: str, decode_id: str, dnode: str,
+                                  req: GenerateRequest) -> GenerateResult:
+        """Prefill on ``pnode``'s agent, decode on ``dnode``'s with the KV handle (class docstring)."""
+        empty = GenerateResult(req.rid, (), (), FinishReason.ABORT, 0, len(req.input_ids), 0, RequestTimings(),
+                               prefill_id, decode_id)
+        wire = request_to_dict(req)
         try:
-            raw = await agent.call("generate_pd", prefill_id=prefill_id, decode_id=decode_id, req=request_to_dict(req))
-            return result_from_dict(raw)
+            handle = await self._call(pnode, "pd_prefill", prefill_id, prefill_id=prefill_id, req=wire)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(agent.call("abort", worker_id=prefill_id, rid=req.rid))
-                await asyncio.shield(agent.call("abort", worker_id=decode_id, rid=req.rid))
+            await self._abort_quietly(pnode, prefill_id, f"{req.rid}.p")
             raise
+        except (EngineDeadError, KVTransferError) as e:
+            e.partial = empty  # nothing was generated yet: the turn starts over on another pair
+            raise
+        if handle is None:
+            return empty  # the prefill was aborted (evicted, weight sync): nothing generated
+        try:
+            raw = await self._call(dnode, "pd_decode", decode_id, decode_id=decode_id, prefill_id=prefill_id,
+                                   req=wire, handle=handle)
+        except asyncio.CancelledError:
+            await self._abort_quietly(dnode, decode_id, req.rid)
+            raise
+        return result_from_dict(raw)
 
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
-        await self._agent(worker_id).call("abort", worker_id=worker_id, rid=rid)
+        await self._on(worker_id, "abort", rid=rid)
 
     async def pause(self, worker_id: str) -> None:
-        await self._agent(worker_id).call("pause", worker_id=worker_id)
+        await self._on(worker_id, "pause")
 
     async def resume(self, worker_id: str) -> None:
-        await self._agent(worker_id).call("resume", worker_id=worker_id)
+        await self._on(worker_id, "resume")
 
     async def load_weights(self, worker_id: str, path: str, version: int) -> None:
-        await self._agent(worker_id).call("load_weights", worker_id=worker_id, path=path, version=version)
+        await self._on(worker_id, "load_weights", path=path, version=version)
 
     async def weight_version(self, worker_id: str) -> int:
-        return int(await self._agent(worker_id).call("weight_version", worker_id=worker_id))
+        return int(await self._on(worker_id, "weight_version"))
 
     async def release_memory(self, worker_id: str) -> None:
-        await self._agent(worker_id).call("release_memory", worker_id=worker_id)
+        await self._on(worker_id, "release_memory")
 
     async def resume_memory(self, worker_id: str) -> None:
-        await self._agent(worker_id).call("resume_memory", worker_id=worker_id)
+        await self._on(worker_id, "resume_memory")
 
     async def set_role(self, worker_id: str, role: Role) -> None:
-        await self._agent(worker_id).call("set_role", worker_id=worker_id, role=role.value)
+        await self._on(worker_id, "set_role", role=role.value)
 
     async def close(self) -> None:
         for wid in list(self._where):

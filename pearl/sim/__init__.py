@@ -7,7 +7,7 @@ Modules (arrows point down: sim sits on top of runtime, engines and core):
     agents.py       AgentSession that plays a plan against the Pipeline Scheduler
     trainer.py      emulated trainer (sleeps train.step_time_s; TrainingStarted / Finished)
     systems.py      roll, roll-large, rlboost+, pearl, oracle and ablations as policy knobs
-    oracle.py       hindsight knowledge: grant lifetimes, reachable budgets
+    oracle.py       hindsight knowledge: grant lifetimes, budget intervals, the per-interval Viterbi plan
     presets.py      workload presets (the config's own, or calibrated to the paper)
     metrics.py      sampler of the controller's state: GPU-hours, role timeline, cost
     simulate.py     one replay per system through the real Controller; batch-makespan search

@@ -9,7 +9,8 @@ clock) and writes ``<out>/<name>.json`` (raw numbers), ``<out>/<name>.md`` (tabl
 
 - **fig5** (paper Fig. 5): 3 two-hour segments (abundant / volatile / scarce, chosen by
   ``pick_segments`` on ``DEFAULT_TRACE``) x 2 models x systems (roll, roll-large, rlboost+, pearl,
-  oracle, and the ablations pearl-coloc, pearl-nogate), throughput normalised to ROLL. roll-large's
+  oracle, and the ablations pearl-coloc = PEARL without PD, pearl-nogate = PEARL without the gates:
+  where PEARL's difference to RLBoost+ comes from), throughput normalised to ROLL. roll-large's
   fixed pool = reserved + the segment's mean preemptible GPUs (rounded), as the paper sized its
   14 / 10 / 12-GPU pools to its segments.
 - **fig7** (paper Fig. 7): fixed rollout pools of 4, 8, 12, 16 GPUs, no preemptible GPUs, the
@@ -46,7 +47,7 @@ from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 DEFAULT_TRACE = CONFIG_DIR.parent.parent / "shared/data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json"
-FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle")
+FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
 
 
 def _cfg(name: str, workload: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -145,12 +146,17 @@ def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
         ps = r["systems"].get("pearl", {})
         err = ps.get("makespan_prediction_error")
         steady = ps.get("makespan_prediction_error_steady")
-        row.append("-" if err is None else f"{100 * err:.1f}% / " + ("-" if steady is None else f"{100 * steady:.1f}%"))
+        piece = ps.get("makespan_prediction_error_piecewise")
+
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{100 * x:.1f}%"
+
+        row.append(f"{pct(err)} / {pct(piece)} / {pct(steady)}")
         cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
         row.append(f"{max(cpu):.0f}" if cpu else "-")
         rows.append(row)
     header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
-              "pearl predictor err (all / steady batches)", "max CPU s per system"]
+              "pearl predictor err (batch start / piecewise / steady batches)", "max CPU s per system"]
     groups = list(results)
     series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
     _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")
@@ -265,9 +271,12 @@ def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
     """
     rows = []
     full = ratio = 0
+    errs_all: list[float] = []
     for key, r in results.items():
         n = int(key)
         m = r["measured"]
+        errs = sorted(abs(r["predicted"][k] - v) / v for k, v in m.items() if k in r["predicted"] and v > 0)
+        errs_all.extend(errs)
         splits = {k: v for k, v in m.items() if k != "coloc"}
         pred_splits = {k: v for k, v in r["predicted"].items() if k != "coloc" and r["feasible"].get(k, True)}
         eng_split = min(pred_splits, key=lambda k: pred_splits[k]) if pred_splits else None
@@ -282,13 +291,19 @@ def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
         rows.append([f"{n - training_gpus if overlap else n} + {'16 overlap' if overlap else 'no overlap'}",
                      r["chosen"], r["best"], f"{100 * gap_full:.2f}%", eng_split, best_split,
                      f"{100 * gap_ratio:.2f}%", "yes" if ok_ratio else "no",
-                     f"{r['predicted']['coloc']:.0f} / {m['coloc']:.0f}"])
+                     f"{r['predicted']['coloc']:.0f} / {m['coloc']:.0f}",
+                     f"{100 * errs[len(errs) // 2]:.1f}%" if errs else "-"])
     return ("## Table 2: decision engine vs every fixed allocation measured in the emulator\n\n"
             "One rollout batch per allocation on a fixed pool (the same 64 trajectories: a paired "
             "comparison); 'with overlap' = the dedicated GPUs + 16 borrowed training GPUs as one pool.\n\n"
             + markdown_table(["budget", "engine (mode+ratio)", "empirical best", "gap", "engine P:D",
-                              "best measured P:D", "P:D gap", "P:D match", "coloc predicted / measured s"], rows)
-            + f"\n\nFull decision matches: {full}/{len(results)}. P:D ratio matches: {ratio}/{len(results)}.\n")
+                              "best measured P:D", "P:D gap", "P:D match", "coloc predicted / measured s",
+                              "median predictor err"], rows)
+            + f"\n\nFull decision matches: {full}/{len(results)}. P:D ratio matches: {ratio}/{len(results)}. "
+            f"Predictor vs emulator over every measured allocation (fixed pools, profiles refit on one "
+            f"colocated batch): median |error| "
+            f"{100 * sorted(errs_all)[len(errs_all) // 2] if errs_all else float('nan'):.1f}% "
+            f"({len(errs_all)} allocations).\n")
 
 
 def table2(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
@@ -355,9 +370,12 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
             (out / "table2.md").write_text(table2_markdown(json.loads((out / "table2.json").read_text())))
         parts = [(out / f"{n}.md").read_text() for n in ("fig5", "fig7", "fig8", "table2", "table3")
                  if (out / f"{n}.md").is_file()]
-    text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments {which} --workload {workload}`"
-            f"{' --quick' if quick else ''}; {time.perf_counter() - t0:.0f} s wall. Workload preset "
-            f"`{workload}` (pearl/sim/presets.py).\n\n" + "\n".join(parts))
+    how = ("tables collected from the last runs in " + str(out) if which == "collect"
+           else f"{time.perf_counter() - t0:.0f} s wall")
+    text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments all --workload {workload}"
+            f"{' --quick' if quick else ''}` (or one of fig5 | fig7 | fig8 | table2 | table3, then `collect`); "
+            f"{how}. Workload preset `{workload}` (pearl/sim/presets.py). How to read these numbers, and "
+            "which of issue 3's figures they meet: docs/simulation.md, section Results.\n\n" + "\n".join(parts))
     (out / "EXPERIMENTS.md").write_text(text)
     if docs and which in ("all", "collect"):
         Path(docs).parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,10 @@ One system run (``run_system``), on a fresh ``VirtualTimeLoop`` (``run_virtual``
     sleep until t0 + duration; stop everything (cancel + await), fold the counters
 
 A system is only ``apply_system(cfg, spec)`` (policy knobs, fixed pools) and which events it is
-sent: systems that do not use preemptible GPUs get none; the oracle gets ``oracle_events`` and
-``allocation_overrides`` from ``best_allocation_search`` over every budget it can reach.
+sent: systems that do not use preemptible GPUs get none; the oracle gets ``oracle_events`` and a
+plan (``oracle_plan``: measured makespans at every budget it can reach, then a Viterbi plan over
+the segment's budget intervals with switch costs, ``pearl/sim/oracle.py``) that the replayer
+enacts by replacing the Elastic Scheduler's ``allocation_overrides`` at each interval's event.
 
 Summary per system (the JSON of ``python -m pearl simulate --json``)::
 
@@ -53,12 +55,13 @@ from typing import Any
 from pearl.config import RunConfig
 from pearl.core.decision import decide
 from pearl.core.events import ReclaimNotice
+from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 from pearl.sim.agents import SyntheticSessionFactory
 from pearl.sim.metrics import Sampler, cost_usd
-from pearl.sim.oracle import oracle_events, reachable_budgets
+from pearl.sim.oracle import OraclePlan, budget_intervals, oracle_events, plan_allocations, reachable_budgets
 from pearl.sim.systems import SystemSpec, apply_system
 from pearl.sim.traces import DEFAULT_NOTICE_S, GpuTimeline, TimedEvent, trace_events
 from pearl.sim.trainer import EmulatedTrainer
@@ -102,6 +105,48 @@ def _steady_error(raw: dict[str, Any]) -> tuple[float | None, int]:
     return (round(statistics.median(errs), 4) if errs else None), len(errs)
 
 
+def _piecewise_error(raw: dict[str, Any]) -> tuple[float | None, int]:
+    """Median relative error of the predictor over all batches, given the allocations that actually
+    served each batch (what the batch-start prediction cannot know: grants, reclaims and borrows
+    land mid-batch). While the decision with predicted makespan ``M_i`` is in force for ``dt_i``,
+    the batch progresses at rate ``1 / M_i``; the predicted makespan is when the progress
+    ``sum_i dt_i / M_i`` reaches 1 (extrapolated at the last rate if the batch ended before)::
+
+        M_hat = t_j + (1 - sum_{i<j} dt_i / M_i) M_j     (j: the segment in which progress reaches 1)
+
+    Modelling choice: progress is linear in time within an allocation (the predictor's makespan is
+    for a whole batch; the tail of a batch is slower per trajectory, so this is an approximation).
+    Returns (error, n_batches)."""
+    plans = [(float(h["t"]), float(h["decision"]["predicted_makespan_s"])) for h in raw["history"]
+             if h.get("kind") == "replan" and isinstance(h.get("decision"), dict)
+             and h["decision"].get("predicted_makespan_s")]
+    plans.sort()
+    spans = list(raw.get("batch_makespans", []))
+    ends = raw["batch_ends"]
+    errs = []
+    for end, obs in zip(ends, spans, strict=False):
+        start = end - obs
+        if obs <= 0:
+            continue
+        cur = [m for t, m in plans if t <= start]
+        if not cur:
+            continue
+        rate_m = cur[-1]
+        t, prog = start, 0.0
+        pred = None
+        for tc, m in [(tc, m) for tc, m in plans if start < tc < end] + [(end, rate_m)]:
+            dt = tc - t
+            if prog + dt / rate_m >= 1.0:
+                pred = (t - start) + (1.0 - prog) * rate_m
+                break
+            prog += dt / rate_m
+            t, rate_m = tc, m
+        if pred is None:
+            pred = (end - start) + (1.0 - prog) * rate_m
+        errs.append(abs(pred - obs) / obs)
+    return (round(statistics.median(errs), 4) if errs else None), len(errs)
+
+
 _COST_KINDS = {"launch": "expansion_preparation", "finalize": "expansion_finalization", "activate": "activation",
                "deactivate": "deactivation", "role_switch": "role_switch", "weight_update": "weight_update"}
 
@@ -119,7 +164,8 @@ def _costs(ctrl: Controller, engine: EmulatedEngine) -> dict[str, list[float]]:
 
 
 async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
-               progress: Callable[[float], None] | None) -> dict[str, Any]:
+               progress: Callable[[float], None] | None,
+               schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> dict[str, Any]:
     clock = LoopClock()
     engine = EmulatedEngine.from_config(cfg, clock)
     factory = SyntheticSessionFactory(cfg.workload, clock)
@@ -132,9 +178,17 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
     submitted: list[dict[str, Any]] = []
 
     async def replay() -> None:
-        for e in events:
-            e = _shift(e, t0)
-            await clock.sleep_until(e.at_s)
+        # the oracle's plan: at each interval-opening event, the Elastic Scheduler's allocation
+        # overrides are replaced (before the event is submitted at the same instant)
+        items: list[tuple[float, int, TimedEvent | dict[int, str]]] = [
+            (t, 0, ov) for t, ov in schedule if t > 0] + [(e.at_s, 1, e) for e in events]
+        items.sort(key=lambda x: (x[0], x[1]))
+        for at, _k, item in items:
+            await clock.sleep_until(t0 + at)
+            if isinstance(item, dict):
+                ctrl.elastic.policy = ctrl.elastic.policy.model_copy(update={"allocation_overrides": item})
+                continue
+            e = _shift(item, t0)
             res = await ctrl.submit(e.event)
             submitted.append({"t": e.at_s - t0, "event": e.event.kind.value, "applied": res.applied})
 
@@ -165,13 +219,16 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "t0": t0, "progress": prog, "summary": summ, "costs": costs, "history": history,
         "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
+        "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
+        "phase_split": engine.phase_split(),
     }
 
 
 def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duration_s: float | None = None,
                notice_s: float = DEFAULT_NOTICE_S, fixed_pool: int | None = None,
                allocation_overrides: dict[int, str] | None = None,
-               progress: Callable[[float], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+               progress: Callable[[float], None] | None = None,
+               schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """Replay one system; returns (summary, series) as described in the module docstring."""
     dur = duration_s if duration_s is not None else (tl.duration_s if tl is not None else 7200.0)
     if spec.fixed_pool is not None and fixed_pool is None:
@@ -185,7 +242,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
             events = oracle_events(events, dur)
     w0, c0 = time.perf_counter(), time.process_time()
     try:
-        raw = run_virtual(_run(scfg, events, dur, progress))
+        raw = run_virtual(_run(scfg, events, dur, progress, schedule))
     except Exception as e:
         raise SimulationError(f"system {spec.name}: replay failed: {type(e).__name__}: {e}") from e
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -213,10 +270,14 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
                                       else round(summ["makespan_prediction_error"], 4)),
         "makespan_prediction_error_steady": _steady_error(raw)[0],
         "steady_batches": _steady_error(raw)[1],
+        "makespan_prediction_error_piecewise": _piecewise_error(raw)[0],
         "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
         "interruptions": summ["interruptions"],
         "role_hours": {k: round(v / 3600, 4) for k, v in led.role_s.items()},
+        "prefill_time_share": round(raw["phase_split"]["prefill_time_share"], 4),
+        "prefix_hit_ratio": round(raw["phase_split"]["cached_tokens"] / max(
+            1.0, raw["phase_split"]["cached_tokens"] + raw["phase_split"]["prefill_tokens"]), 4),
         "fixed_pool": fixed_pool if spec.fixed_pool is not None else None,
         "sim_events": raw["events"],
         "wall_s": round(wall, 3),
@@ -241,49 +302,62 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
     return summary, series
 
 
-def _oracle_overrides(cfg: RunConfig, tl: GpuTimeline | None, top_k: int = 1,
-                      cache: dict[int, str] | None = None) -> dict[int, str]:
-    """Measured-best allocation for every reachable budget: colocation and the ``top_k`` splits
-    the predictor ranks best (measuring all N-1 splits at every budget would multiply the replay
-    time by ~20; the predictor's ranking of splits is reliable, its coloc-vs-split call is what the
-    oracle corrects). ``cache`` (budget -> label) is reused across segments of one config.
-
-    Transition costs: a measured winner replaces the colocated default only if it saves more than
-    ``policy.mode_switch_threshold`` (the budget changes many times in a volatile segment and each
-    mode flip costs role switches and aborted requests; a one-batch gain below the hysteresis does
-    not pay for them - the first version without this rule made the oracle flip modes 18-26 times
-    per segment and lose up to 9 % to PEARL)."""
+def oracle_plan(cfg: RunConfig, tl: GpuTimeline | None, duration_s: float, notice_s: float = DEFAULT_NOTICE_S,
+                top_k: int = 2, cache: dict[int, dict[str, float]] | None = None) -> OraclePlan:
+    """The hindsight oracle's plan (``pearl.sim.oracle``): measure colocation and the ``top_k``
+    splits the predictor ranks best (plus its own choice) at every reachable budget (measuring all
+    N-1 splits at every budget would multiply the search time by ~5; ``table2`` shows the measured
+    best is among them), then the Viterbi plan over the segment's budget intervals with switch
+    costs. ``cache`` (budget -> label -> measured makespan) is reused across segments of a config."""
     cache = {} if cache is None else cache
-    out: dict[int, str] = {}
-    thr = cfg.policy.mode_switch_threshold
-    for n in reachable_budgets(tl, cfg.cluster, borrow=True):
+    batch = cfg.workload.batch_size
+    tp = cfg.cluster.tp_size
+    hw = HardwareProfile.from_specs(cfg.model, cfg.hardware, tp)
+    wl = WorkloadProfile.from_spec(cfg.workload)
+    floor = cfg.train.step_time_s
+    rates: dict[int, dict[str, float]] = {}
+    switch_s: dict[int, float] = {}
+    events = [e for e in trace_events(tl, notice_s) if e.at_s < duration_s] if tl is not None else []
+    intervals = budget_intervals(oracle_events(events, duration_s), cfg.cluster, duration_s)
+    borrow = cfg.cluster.training_gpus // tp if cfg.policy.borrow_enabled else 0
+    # every budget a level of the trace gives, and every budget the plan's intervals hold (e.g. the
+    # reserved GPUs alone until the first grant's workers are ready), with the borrowed GPUs too
+    need = set(reachable_budgets(tl, cfg.cluster, borrow=cfg.policy.borrow_enabled))
+    need |= {iv.n_workers for iv in intervals} | ({iv.n_workers + borrow for iv in intervals} if borrow else set())
+    for n in sorted(b for b in need if b >= 1):
         if n not in cache:
-            r = best_allocation_search(cfg, n, batches=1, top_k=top_k)
-            m = r["measured"]
-            best = r["best"]
-            cache[n] = best if best == "coloc" or m[best] < (1 - thr) * m["coloc"] else "coloc"
-        out[n] = cache[n]
-    return out
+            cache[n] = dict(best_allocation_search(cfg, n, batches=1, top_k=top_k)["measured"])
+        rates[n] = {a: batch / max(m, floor) for a, m in cache[n].items() if m > 0}
+        switch_s[n] = cfg.emulator.role_switch_s + (batch / n) * hw.prefill_s(wl.k_seq / 2.0, 0.0)
+    return plan_allocations(intervals, rates, switch_s, cfg.policy, borrow, floor)
 
 
 def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[SystemSpec],
                    duration_s: float | None = None, notice_s: float = DEFAULT_NOTICE_S,
                    roll_large_gpus: int | None = None, trace_label: str = "",
                    progress: Callable[[str, float], None] | None = None,
-                   search_cache: dict[int, str] | None = None) -> dict[str, Any]:
+                   search_cache: dict[int, dict[str, float]] | None = None) -> dict[str, Any]:
     """Every system on the same segment; ``{"systems", "series", "meta", "wall_s"}``."""
     w0 = time.perf_counter()
     res: dict[str, Any] = {"systems": {}, "series": {}}
     dur = duration_s if duration_s is not None else (tl.duration_s if tl is not None else 7200.0)
     for spec in systems:
         ov = None
+        plan = None
         if spec.oracle:
-            ov = _oracle_overrides(cfg, tl, cache=search_cache)
+            plan = oracle_plan(cfg, tl, dur, notice_s, cache=search_cache)
+            ov = dict(plan.schedule[0][1]) if plan.schedule else None
         cb = (lambda f, name=spec.name: progress(name, f)) if progress is not None else None
         summary, series = run_system(cfg, spec, tl, dur, notice_s,
-                                     roll_large_gpus if spec.fixed_pool is not None else None, ov, cb)
-        if ov:
-            summary["allocation_overrides"] = {str(k): v for k, v in ov.items()}
+                                     roll_large_gpus if spec.fixed_pool is not None else None, ov, cb,
+                                     plan.schedule if plan is not None else ())
+        if plan is not None:
+            summary["oracle_plan"] = {
+                "intervals": [[round(iv.start_s, 1), round(iv.end_s, 1), iv.n_workers, lab]
+                              for iv, lab in zip(plan.intervals, plan.labels, strict=True)],
+                "planned_switches": plan.switches,
+                "planned_trajectories": round(plan.value, 1),
+            }
         res["systems"][spec.name] = summary
         res["series"][spec.name] = series
         if progress is not None:
@@ -393,5 +467,5 @@ def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
     return result
 
 
-__all__ = ["SimulationError", "best_allocation_search", "measure_makespan", "run_simulation", "run_simulation_cli",
-           "run_system"]
+__all__ = ["SimulationError", "best_allocation_search", "measure_makespan", "oracle_plan", "run_simulation",
+           "run_simulation_cli", "run_system"]

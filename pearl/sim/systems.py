@@ -9,8 +9,13 @@ system is only (a) which elastic events it is told about and (b) ``PolicySpec`` 
                 (N = 14 / 10 / 12 in the paper: reserved + the segment's mean preemptible)
     rlboost+    reserved + every grant at once   yes          yes, ungated          colocated     off
     pearl       reserved + gated expansion       yes          yes, gated            adaptive      on
-    oracle      PEARL that knows the whole trace and the empirically best allocation per budget
-                (``pearl/sim/oracle.py``), paying every transition cost through the same runtime
+    oracle      PEARL that knows the whole trace and the measured makespan of every candidate
+                allocation, with a per-interval plan (``pearl/sim/oracle.py``), paying every
+                transition cost through the same runtime. Its hindsight replaces PEARL's gates
+                (``gate_enabled`` off): grants that cannot pay back their expansion are dropped
+                from its events, and it borrows every idle training window (measured: a borrowed
+                budget's best makespan is always below the base budget's, and ungated borrowing
+                was never slower than gated in the replays, e.g. RLBoost+ vs pearl-coloc)
 
 Ablation variants (Fig. 7, fixed pool of ``N`` GPUs, no preemptible GPUs)::
 
@@ -61,8 +66,8 @@ SYSTEMS: dict[str, SystemSpec] = {
         SystemSpec("pearl-coloc", "PEARL without PD disaggregation (ablation: gates only)", True, True, False, True),
         SystemSpec("pearl-nogate", "PEARL without the gates (ablation: adaptive PD, ungated)", True, True, True,
                    False),
-        SystemSpec("oracle", "hindsight oracle: whole trace + best allocation per budget known", True, True,
-                   True, True, oracle=True),
+        SystemSpec("oracle", "hindsight oracle: whole trace + measured allocations, planned per interval",
+                   True, True, True, False, oracle=True),
     )
 }
 

@@ -14,8 +14,11 @@ Life cycle::
         1. filter_records: staleness bound, counted drops        (nothing to train: no update)
         2. on_event(TrainingStarted(step))  -- awaited: the toggle manager returns borrowed
            GPUs before the update starts; the wait is timed as ``timings["gpu_return_wait_s"]``
-        3. make_samples (group advantages) -> shard_samples -> one "step" command per rank
-        4. on_event(TrainingFinished(step, version, expected_idle_s))
+        3. make_samples (group advantages) -> "reload" if the ranks were offloaded -> shard_samples
+           -> one "step" command per rank
+        4. with ``release_when_idle``: "offload" (the ranks free their device memory, so a GPU the
+           toggle manager lends next has room for the inference worker), timed as ``offload_s``
+        5. on_event(TrainingFinished(step, version, expected_idle_s))
         -> TrainResult(version, snapshot, metrics, timings, report)
     await client.close()              "shutdown" to every rank, then terminate / kill stragglers
 
@@ -46,6 +49,7 @@ from typing import Any
 from pearl.config import TrainSpec
 from pearl.core.events import TrainingFinished, TrainingStarted
 from pearl.core.trajectory import TrajectoryRecord
+from pearl.procutil import die_with_parent
 from pearl.runtime.weights import SnapshotRef
 from pearl.train.batch import FilterReport, filter_records, make_samples, shard_samples
 from pearl.train.broadcast import Layout
@@ -105,6 +109,7 @@ class TrainerClient:
         resume: bool = False,
         device: str = "cpu",
         threads_per_rank: int | None = None,
+        release_when_idle: bool = False,
         now: Callable[[], float] = time.monotonic,
         python: str = sys.executable,
     ) -> None:
@@ -117,6 +122,8 @@ class TrainerClient:
         self._device = device
         cpus = os.cpu_count() or 1
         self._threads = threads_per_rank or max(1, cpus // spec.world_size)
+        self.release_when_idle = release_when_idle
+        self.offloaded = False
         self._now = now
         self._python = python
         self._ranks: list[_Rank] = []
@@ -156,7 +163,7 @@ class TrainerClient:
             with log.open("ab") as errf:
                 proc = await asyncio.create_subprocess_exec(
                     *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errf,
-                    env=env, limit=_READ_LIMIT,
+                    env=env, limit=_READ_LIMIT, preexec_fn=die_with_parent,
                 )
             self._ranks.append(_Rank(r, proc, log))
         try:
@@ -271,6 +278,12 @@ class TrainerClient:
             if self._on_event is not None:
                 await self._on_event(TrainingStarted(step=step, event_id=f"train-start-{step}"))
             t_gpus = time.perf_counter()
+            reload_s = 0.0
+            if self.offloaded:
+                await self._all("reload", [{} for _ in self._ranks])
+                self.offloaded = False
+                reload_s = time.perf_counter() - t_gpus
+            t_step = time.perf_counter()
             shards = shard_samples(samples, self.spec.world_size)
             payloads = [{"step": step, "denominator": denom, "samples": [s.to_wire() for s in sh]}
                         for sh in shards]
@@ -289,8 +302,14 @@ class TrainerClient:
                 "gpu_return_wait_s": t_gpus - t_pack,
                 **{k: max(float(r["timings"][k]) for r in replies) for k in r0["timings"]},
                 **{k: float(v) for k, v in r0["timings_publish"].items()},
-                "step_total_s": t_done - t_gpus,
+                "reload_s": reload_s,
+                "step_total_s": t_done - t_step,
             }
+            if self.release_when_idle:
+                t_off = time.perf_counter()
+                await self._all("offload", [{} for _ in self._ranks])
+                self.offloaded = True
+                timings["offload_s"] = time.perf_counter() - t_off
             self._last_end = self._now()
             if self._on_event is not None:
                 await self._on_event(TrainingFinished(step=step, weight_version=step,

@@ -17,6 +17,10 @@ Life cycle of a rank::
                  bcast_layout  the wire layout of the weights (pearl.train.broadcast)
                  bcast_init  host the weight-broadcast group as its rank 0 (trainer rank 0 only)
                  bcast       broadcast the current weights to the inference servers
+                 offload     release this rank's device memory for a borrowing inference worker
+                             (parameters, reference model and optimizer state to host memory,
+                             gradients dropped, the CUDA caching allocator emptied)
+                 reload      bring them back before the next update (no-ops on a CPU device)
                  shutdown    leave the loop, destroy the process group
     exit
 
@@ -122,6 +126,8 @@ class TrainerRank:
         self.model: Any = None
         self.ref: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.offloaded = False
+        self._state_devices: dict[tuple[int, str], torch.device] = {}
 
     # ---------------------------------------------------------------------------- setup
     def setup(self) -> dict[str, Any]:
@@ -188,6 +194,9 @@ class TrainerRank:
         if step != self.step + 1:
             raise TrainerStepError(f"rank {self.rank} is at step {self.step}; asked to run step {step} "
                                    f"(expected {self.step + 1}): client and trainer disagree, restart with resume")
+        if self.offloaded:
+            raise TrainerStepError(f"rank {self.rank}: step {step} asked while the rank's memory is offloaded "
+                                   "(its GPU may still be lent to rollout): send 'reload' first")
         spec = self.spec
         t0 = time.perf_counter()
         c0 = time.process_time()  # CPU seconds of all threads: compute cost independent of CPU contention
@@ -212,14 +221,15 @@ class TrainerRank:
             ids = pb.input_ids.to(self.device)
             att = pb.attention_mask.to(self.device)
             mask = pb.loss_mask.to(self.device)
-            logits = self.model(input_ids=ids, attention_mask=att).logits[:, :-1]
-            lp = token_logprobs(logits, pb.targets.to(self.device))
+            with self._autocast():
+                logits = self.model(input_ids=ids, attention_mask=att).logits[:, :-1]
+            lp = token_logprobs(logits, pb.targets.to(self.device))  # float32 whatever the compute dtype
             del logits
             ref_lp = None
             if self.ref is not None:
-                with torch.no_grad():
-                    ref_lp = token_logprobs(self.ref(input_ids=ids, attention_mask=att).logits[:, :-1],
-                                            pb.targets.to(self.device))
+                with torch.no_grad(), self._autocast():
+                    ref_logits = self.ref(input_ids=ids, attention_mask=att).logits[:, :-1]
+                ref_lp = token_logprobs(ref_logits, pb.targets.to(self.device))
             terms = token_terms(lp, pb.old_logprobs.to(self.device), pb.advantages.to(self.device),
                                 spec.clip_eps_low, spec.clip_eps_high, ref_lp, spec.kl_coef)
             loss = aggregate(terms.loss, mask, spec.loss_agg, denominator)
@@ -263,6 +273,15 @@ class TrainerRank:
         out.update(self._publish(step))
         return out
 
+    def _autocast(self) -> Any:
+        """Mixed precision for the forward pass when ``compute_dtype`` is bfloat16 (the backward
+        follows the forward's dtypes); a no-op context otherwise."""
+        import contextlib
+
+        if self.spec.compute_dtype == "float32" or self.spec.param_dtype == self.spec.compute_dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_DT[self.spec.compute_dtype])
+
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in flat buckets (one collective per ~bucket instead of per tensor)."""
         assert self.model is not None
@@ -281,6 +300,63 @@ class TrainerRank:
                 n = g.numel()
                 g.copy_(flat[off : off + n].view_as(g))
                 off += n
+
+    # ------------------------------------------------------------------ lending the device
+    def offload(self) -> dict[str, Any]:
+        """Free this rank's device memory while its GPU is lent to rollout (paper Sec. 4.6: the
+        training GPUs are idle between updates). Parameters (FSDP2 shards included: ``Module.to``
+        moves the DTensor locals), the reference model and every optimizer state tensor move to host
+        memory, gradients are dropped (``zero_grad(set_to_none=True)``: the next step recomputes
+        them), and the caching allocator returns its blocks. On a CPU device nothing moves."""
+        assert self.model is not None and self.optimizer is not None
+        t0 = time.perf_counter()
+        if self.device.type != "cuda" or self.offloaded:
+            return {"offloaded": self.offloaded, "moved_bytes": 0, "seconds": 0.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        moved = self._move(torch.device("cpu"))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.offloaded = True
+        return {"offloaded": True, "moved_bytes": moved, "seconds": time.perf_counter() - t0,
+                "device_allocated_bytes": int(torch.cuda.memory_allocated(self.device))}
+
+    def reload(self) -> dict[str, Any]:
+        """Undo ``offload`` (before an update): everything back on the rank's device."""
+        t0 = time.perf_counter()
+        if not self.offloaded:
+            return {"offloaded": False, "moved_bytes": 0, "seconds": 0.0}
+        moved = self._move(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.offloaded = False
+        return {"offloaded": False, "moved_bytes": moved, "seconds": time.perf_counter() - t0}
+
+    def _move(self, target: torch.device) -> int:
+        """Move model, reference model and optimizer state to ``target`` (host on offload, each
+        optimizer tensor's own original device on reload: fused AdamW keeps ``step`` on the GPU,
+        the foreach variant on the host); returns bytes moved."""
+        assert self.model is not None and self.optimizer is not None
+        moved = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.model.to(target)
+        if self.ref is not None:
+            moved += sum(p.numel() * p.element_size() for p in self.ref.parameters())
+            self.ref.to(target)
+        to_host = target.type == "cpu"
+        if to_host:
+            self._state_devices = {}
+        for i, st in enumerate(self.optimizer.state.values()):
+            for k, v in list(st.items()):
+                if not isinstance(v, torch.Tensor):
+                    continue
+                if to_host:
+                    self._state_devices[(i, k)] = v.device
+                    dest = target
+                else:
+                    dest = self._state_devices.get((i, k), target)
+                if v.device != dest:
+                    moved += v.numel() * v.element_size()
+                    st[k] = v.to(dest)
+        return moved
 
     # ----------------------------------------------------------------- snapshots, checkpoints
     def _full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -377,6 +453,9 @@ class TrainerRank:
 
         if self._bcast is None or self._layout is None:
             raise TrainerStepError("no weight group or layout: send bcast_layout and bcast_init first")
+        if self.offloaded and self.device.type == "cuda":
+            raise TrainerStepError(f"rank {self.rank}: weights are offloaded to host memory (the GPU may be lent to "
+                                   "rollout); broadcast before 'offload' or publish through the snapshot instead")
         st = send_weights(self._bcast, self._weights(), self._layout)
         return {"version": self.step, "tensors": st.tensors, "buckets": st.buckets, "bytes": st.bytes,
                 "seconds": st.seconds}
@@ -423,6 +502,10 @@ def serve(rank: TrainerRank, inp: TextIO, out: TextIO) -> None:
                                       msg.get("backend", "gloo"))
             elif cmd == "bcast":
                 res = rank.bcast()
+            elif cmd == "offload":
+                res = rank.offload()
+            elif cmd == "reload":
+                res = rank.reload()
             else:
                 raise TrainerStepError(f"unknown command {cmd!r}")
             reply({"ok": True, **res})

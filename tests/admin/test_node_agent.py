@@ -59,7 +59,7 @@ async def test_launch_generate_pd_and_stop_across_two_agents(remote) -> None:
     assert r.finish_reason is FinishReason.LENGTH and len(r.output_ids) == 8 and r.prompt_tokens == 64
     r = await eng.generate_pd("p1", "d1", req("t/1#0"))
     assert len(r.output_ids) == 8 and r.decode_worker_id == "d1"
-    with pytest.raises(KVTransferError, match="different nodes"):
+    with pytest.raises(KVTransferError, match="keep this pair on one node"):  # emulated: no split PD
         await eng.generate_pd("p1", "w0", req("t/2#0"))
     assert await eng.healthy("w0") and await eng.weight_version("w0") == 0
     async with aiohttp.ClientSession() as http:
@@ -138,3 +138,98 @@ async def test_unreachable_agent_is_a_dead_engine(remote) -> None:
     await agents["node1"].close()  # the node goes away
     with pytest.raises(EngineDeadError, match="unreachable"):
         await eng.generate("w5", req("t/5#0"))
+
+
+class SplitPdEngine:
+    """A fake of an engine whose PD halves run on separate servers (vLLM + NIXL): ``pd_prefill`` puts
+    the prompt's "KV" on a shared fabric and returns the handle, ``pd_decode`` pulls it from there
+    (the server-to-server transfer). Outputs are a pure function of the prompt, as at temperature 0."""
+
+    def __init__(self, node: str, fabric: dict[str, tuple[int, ...]]) -> None:
+        self.node = node
+        self.fabric = fabric
+        self.workers: dict[str, Role] = {}
+        self.halves: list[tuple[str, str]] = []
+        self.prefill_outcome = "ok"  # or "abort", "dead"
+
+    async def launch(self, spec: ServerSpec) -> None:
+        self.workers[spec.worker_id] = spec.role
+
+    async def stop(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    async def healthy(self, worker_id: str) -> bool:
+        return worker_id in self.workers
+
+    async def abort(self, worker_id: str, rid: str | None = None) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.workers.clear()
+
+    @staticmethod
+    def _tokens(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+        return tuple((sum(prompt) * 31 + 7 * i) % 1000 for i in range(n))
+
+    def _result(self, req: GenerateRequest, worker: str, decode: str = "") -> GenerateResult:
+        out = self._tokens(req.input_ids, req.sampling.max_new_tokens)
+        return GenerateResult(req.rid, out, tuple(-0.1 for _ in out), FinishReason.LENGTH, 0, len(req.input_ids), 0,
+                              RequestTimings(prefill_s=0.5), worker, decode or worker)
+
+    async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        return self._result(req, worker_id)
+
+    async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, object] | None:
+        assert self.workers[prefill_id] is Role.PREFILL
+        self.halves.append(("prefill", prefill_id))
+        if self.prefill_outcome == "abort":
+            return None
+        if self.prefill_outcome == "dead":
+            raise EngineDeadError(prefill_id, "server died", 137, "killed")
+        key = f"{self.node}/{prefill_id}/{req.rid}"
+        self.fabric[key] = req.input_ids
+        return {"kv_transfer_params": {"remote_engine_id": self.node, "key": key}, "prefill_s": 0.5}
+
+    async def pd_decode(self, decode_id: str, req: GenerateRequest, handle: dict[str, object],
+                        prefill_id: str = "") -> GenerateResult:
+        assert self.workers[decode_id] is Role.DECODE
+        self.halves.append(("decode", decode_id))
+        params = dict(handle["kv_transfer_params"])  # type: ignore[call-overload]
+        kv = self.fabric.pop(str(params["key"]), None)
+        if kv != req.input_ids:
+            raise KVTransferError(decode_id, f"no KV under {params['key']}")
+        return self._result(req, prefill_id, decode_id)
+
+
+async def test_cross_node_pd_runs_each_half_on_its_node() -> None:
+    fabric: dict[str, tuple[int, ...]] = {}
+    engines = {f"node{r}": SplitPdEngine(f"node{r}", fabric) for r in range(2)}
+    agents = {n: na.NodeAgent(n, int(n[-1]), e, TOKEN) for n, e in engines.items()}  # type: ignore[arg-type]
+    for a in agents.values():
+        await a.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            clients = {n: na.AgentClient(a.url, TOKEN, http) for n, a in agents.items()}
+            assert (await clients["node0"].health())["split_pd"] is True
+            eng = na.RemoteEngine(clients, node_of=lambda dev: f"node{dev.split('-')[0][1:]}")
+            await eng.launch(ServerSpec("p0", ("n0-g0",), Role.PREFILL, weights="v0"))
+            await eng.launch(ServerSpec("d1", ("n1-g0",), Role.DECODE, weights="v0"))
+            pd = await eng.generate_pd("p0", "d1", req("t/0#0"))
+            assert engines["node0"].halves == [("prefill", "p0")] and engines["node1"].halves == [("decode", "d1")]
+            assert fabric == {}  # the decode side pulled the KV the prefill side left
+            assert pd.worker_id == "p0" and pd.decode_worker_id == "d1" and pd.finish_reason is FinishReason.LENGTH
+            assert pd.output_ids == SplitPdEngine._tokens(req("x").input_ids, 8)
+            # an aborted prefill (eviction, weight sync): nothing generated, the turn goes again
+            engines["node0"].prefill_outcome = "abort"
+            r = await eng.generate_pd("p0", "d1", req("t/1#0"))
+            assert r.finish_reason is FinishReason.ABORT and r.output_ids == () and r.decode_worker_id == "d1"
+            assert engines["node1"].halves == [("decode", "d1")]  # no decode half was sent
+            # a prefill server that dies: EngineDeadError of the prefill worker, an empty partial kept
+            engines["node0"].prefill_outcome = "dead"
+            with pytest.raises(EngineDeadError) as err:
+                await eng.generate_pd("p0", "d1", req("t/2#0"))
+            assert err.value.worker_id == "p0" and err.value.partial is not None
+            assert err.value.partial.output_ids == () and err.value.partial.finish_reason is FinishReason.ABORT
+    finally:
+        for a in agents.values():
+            await a.close()

@@ -107,3 +107,28 @@ def test_from_config_uses_engine_spec(tmp_path: Path) -> None:
 
     eng = VllmEngine.from_config(EngineSpec(kind="vllm", max_model_len=512, kv_cache_gib=2.0), tmp_path)
     assert eng.settings.max_model_len == 512 and eng.settings.kv_cache_gib == 2.0
+
+
+def test_lower_priority_renices_the_server_session() -> None:
+    """A ready server's whole process group gets ``engine.nice``, and so does its autogroup (the
+    session it leads): with autogroup scheduling, nice alone would not yield the cores."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pearl.engines.vllm_server import lower_priority
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == os.getpriority(os.PRIO_PROCESS, 0) < 7
+        lower_priority(child.pid, 7)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7
+        autogroup = Path(f"/proc/{child.pid}/autogroup")
+        if autogroup.exists():
+            assert autogroup.read_text().strip().endswith("nice 7")
+        lower_priority(child.pid, 0)  # 0: leave it alone
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7
+    finally:
+        child.kill()
+        child.wait()

@@ -192,7 +192,9 @@ def test_cancelled_notice_removes_nothing() -> None:
 def test_borrowed_gpus_return_before_training_starts() -> None:
     async def main():
         clock = LoopClock()
-        cfg = _cfg(**{"policy.gate_enabled": False})
+        # PD forced: the borrowed decode workers take turns at once (colocated borrowed workers only
+        # receive trajectories once the affinity slack is exceeded, which 8 trajectories never do)
+        cfg = _cfg(**{"policy.gate_enabled": False, "policy.force_disaggregation": True})
         ctl, _eng, _ = _controller(clock, cfg)
         await ctl.start()
         await clock.sleep(60.0)
@@ -264,6 +266,7 @@ def test_a_dead_worker_is_removed_and_replaced_and_nothing_is_lost() -> None:
         victim = sorted(_serving(ctl))[0]
         await eng.stop(victim)  # the server dies behind the runtime's back
         batch = await ctl.take_batch()
+        await _expansion_settled(ctl)  # the replacement (a colocated pool can finish the batch first)
         await ctl.elastic.idle()
         st = ctl.state_dict()
         hist = ctl.history(1000)

@@ -100,7 +100,10 @@ def test_cli_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"systems", "wall_s"} and set(out["systems"]) == {"roll", "oracle"}
-    assert out["systems"]["oracle"]["allocation_overrides"]
+    plan = out["systems"]["oracle"]["oracle_plan"]
+    # the plan covers the segment: 4 workers, then 8 once the grant's workers are ready (120 + 76 s)
+    assert [iv[2] for iv in plan["intervals"]] == [4, 8] and plan["intervals"][1][0] == 196.0
+    assert plan["planned_switches"] >= 0 and plan["planned_trajectories"] > 0
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,3 +116,19 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good.write_text("time_s,available\n0,1\n7200,1\n")
     assert main(["simulate", "--trace", str(good), "--systems", "roll,nope", "--json"]) == 2
     assert "unknown system 'nope'" in capsys.readouterr().err
+
+
+def test_piecewise_prediction_follows_the_allocations_in_force() -> None:
+    from pearl.sim.simulate import _piecewise_error
+
+    def rp(t: float, m: float) -> dict[str, object]:
+        return {"t": t, "kind": "replan", "decision": {"label": "coloc", "n_workers": 4, "predicted_makespan_s": m}}
+
+    # batch [100, 400]: 100 s at a 400-s allocation (1/4 done), then a 200-s one: 3/4 x 200 = 150 s more
+    raw = {"history": [rp(0.0, 400.0), rp(200.0, 200.0)], "batch_ends": [400.0], "batch_makespans": [300.0]}
+    err, n = _piecewise_error(raw)
+    assert n == 1 and err == pytest.approx(abs(250.0 - 300.0) / 300.0, abs=1e-4)
+    # a batch that ends before its predicted progress reaches 1 is extrapolated at the last rate
+    raw = {"history": [rp(0.0, 600.0)], "batch_ends": [300.0], "batch_makespans": [300.0]}
+    assert _piecewise_error(raw) == (pytest.approx(1.0), 1)
+    assert _piecewise_error({"history": [], "batch_ends": [], "batch_makespans": []}) == (None, 0)

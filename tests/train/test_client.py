@@ -187,3 +187,47 @@ async def test_two_fsdp2_ranks_match_one_rank(micro_model: Path, tmp_path: Path,
             torch.testing.assert_close(w2[k].cpu(), w1[k].cpu(), rtol=0, atol=1e-4)
     finally:
         await asyncio.gather(two.close(), one.close())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_release_when_idle_offloads_between_updates(micro_model: Path, tmp_path: Path, device: str) -> None:
+    """With ``release_when_idle`` the ranks free their device memory after each update (before
+    TrainingFinished lets the toggle manager lend the GPU) and take it back before the next one,
+    after TrainingStarted; the updates are the same as without it. On CPU nothing moves."""
+    seen: list[tuple[str, bool]] = []
+    lent = TrainerClient(micro_model, tmp_path / "lent", SPEC, max_staleness=2, device=device, threads_per_rank=1,
+                         release_when_idle=True)
+
+    async def sink(ev: TrainingStarted | TrainingFinished) -> None:
+        seen.append((type(ev).__name__, lent.offloaded))
+
+    lent._on_event = sink
+    plain = TrainerClient(micro_model, tmp_path / "plain", SPEC, max_staleness=2, device=device, threads_per_rank=1)
+    await asyncio.gather(lent.start(), plain.start())
+    try:
+        for seed in (1, 2):
+            recs = records(micro_model, lent.version, seed=seed)
+            a, b = await asyncio.gather(lent.train_step(recs), plain.train_step(recs))
+            assert a.metrics["grad_norm"] == pytest.approx(b.metrics["grad_norm"], rel=1e-6)
+            assert "offload_s" in a.timings and "offload_s" not in b.timings
+        # offloaded when the GPU may be lent; the second update started offloaded and reloaded first
+        assert seen == [("TrainingStarted", False), ("TrainingFinished", True),
+                        ("TrainingStarted", True), ("TrainingFinished", True)]
+        assert a.timings["reload_s"] >= 0
+        assert await lent.digests() == await plain.digests()
+    finally:
+        await asyncio.gather(lent.close(), plain.close())
+
+
+async def test_step_refused_while_offloaded(micro_model: Path, tmp_path: Path) -> None:
+    """A rank asked to step while offloaded says so (the client always reloads first)."""
+    from pearl.config import TrainSpec as _Spec
+    from pearl.train.trainer import RankConfig, TrainerRank, TrainerStepError
+
+    rank = TrainerRank(RankConfig(str(micro_model), str(tmp_path), _Spec(micro_batch_tokens=64)))
+    rank.setup()
+    rank.offloaded = True  # as after "offload" on a GPU rank
+    with pytest.raises(TrainerStepError, match="send 'reload' first"):
+        rank.train_step(1, [], 1.0)
+    assert rank.reload()["offloaded"] is False
+    rank.close()

@@ -1,0 +1,93 @@
+"""The real training loop, shared by ``pearl run`` (one node) and the service (``pearl serve`` /
+``torchrun pearl/main.py`` with real engines): the controller's rollout batches go to the trainer,
+each update is registered and published to the serving workers.
+
+One iteration (one training step)::
+
+    batch  = await controller.take_batch()                 rollout batch r (staleness-gated)
+    note_batch(batch, trainer.version)                     observer: reward, staleness
+    result = await trainer.train_step(batch)               TrainingStarted -> update -> TrainingFinished
+                                                           (the trainer tells the toggle manager itself)
+    if result.updated: registry.register(snapshot)
+                       await controller.publish(version, snapshot.path)   workers reload
+    on_step(StepRecord)                                    progress line, timings
+
+``trainer`` is any object with ``version`` and ``train_step(records) -> TrainResult``
+(``pearl.train.client.TrainerClient`` with local ranks, ``pearl.runtime.agent_trainer.AgentTrainerClient``
+with ranks run by node agents). The loop ends after ``steps`` steps (``None``: until cancelled);
+``records`` is the caller's list, appended to as steps complete, so a cancelled loop (SIGTERM on the
+service) loses none of the steps it finished. Times are read from the injected ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pearl.core.trajectory import TrajectoryRecord
+
+
+@dataclass
+class StepRecord:
+    step: int
+    version: int
+    trajectories: int
+    mean_reward: float
+    train_s: float
+    sync_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # TrainResult.timings (gpu_return_wait_s, ...)
+
+
+def lends_training_gpus(cfg: Any) -> bool:
+    """Whether the toggle manager may lend the training GPUs between updates, so the trainer must
+    free its device memory after each one (``TrainerClient(release_when_idle=...)``)."""
+    return bool(cfg.cluster.training_gpus > 0 and cfg.policy.borrow_enabled)
+
+
+class Trainer(Protocol):
+    @property
+    def version(self) -> int: ...
+
+    async def train_step(self, records: Sequence[TrajectoryRecord]) -> Any: ...
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+async def train_loop(
+    controller: Any,
+    trainer: Trainer,
+    registry: Any,
+    steps: int | None,
+    *,
+    records: list[StepRecord] | None = None,
+    note_batch: Callable[[list[TrajectoryRecord], int], None] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> list[StepRecord]:
+    """Run training steps until ``len(records) == steps`` (see the module docstring)."""
+    out = records if records is not None else []
+    while steps is None or len(out) < steps:
+        batch = await controller.take_batch()
+        if note_batch is not None:
+            note_batch(batch, trainer.version)
+        t_tr = now()
+        result = await trainer.train_step(batch)
+        train_s = now() - t_tr
+        sync_s = 0.0
+        if result.updated and result.snapshot is not None:
+            registry.register(result.snapshot)
+            t_sync = now()
+            await controller.publish(result.version, result.snapshot.path)
+            sync_s = now() - t_sync
+        rec = StepRecord(len(out) + 1, result.version, len(batch), _mean([r.reward for r in batch]),
+                         train_s, sync_s, dict(result.metrics), dict(getattr(result, "timings", {}) or {}))
+        out.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return out

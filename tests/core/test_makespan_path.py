@@ -1,0 +1,89 @@
+"""Session-2 predictor changes: the batch's slowest-trajectory path (reach weights, measured tail
+factor), the stall-free decode fit and the batch-start burst (formulas in pearl/core/makespan.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.profile import (
+    HardwareProfile,
+    TelemetryRecord,
+    WorkloadProfile,
+    fit_hardware,
+    fit_workload,
+)
+
+Prof = tuple[HardwareProfile, WorkloadProfile]
+
+
+def _traj(tid: str, turns: int, turn_s: float) -> list[TelemetryRecord]:
+    return [TelemetryRecord(tid, k, 1000 * k, 900 * k if k > 1 else 0, 100, decode_s=turn_s - 1.0, env_s=1.0,
+                            final=k == turns) for k in range(1, turns + 1)]
+
+
+def test_reach_weights_count_the_expected_longest_trajectory() -> None:
+    wl = WorkloadProfile((1.0, 1.0, 0.5, 0.01), (10.0,) * 4, (0.0,) * 4, (10.0,) * 4, (1.0,) * 4, 100.0)
+    st = Stages.of(wl, stages=4)
+    r = st.reach(64)
+    # R_k = 1 - (1 - S_k)^B: turns 1-3 are all but certain with 64 trajectories, the 1 % tail is not
+    assert r[0, :3] == pytest.approx([1.0, 1.0, 1.0]) and r[0, 3] == pytest.approx(1 - 0.99 ** 64)
+    assert st.reach(1)[0] == pytest.approx([1.0, 1.0, 0.5, 0.01])
+
+
+def test_tail_factor_is_fitted_from_whole_trajectories_and_scales_the_mean_path(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    assert wl.tail_factor is None  # the prior has not seen a trajectory
+    recs = [r for i in range(10) for r in _traj(f"t{i}", 3, 10.0 + i)]
+    fitted = fit_workload(wl, recs)
+    durations = [3 * (10.0 + i) for i in range(10)]
+    assert fitted.tail_factor == pytest.approx(max(durations) / (sum(durations) / 10))
+    # too few whole trajectories (or only partial ones): no estimate, the prior's is kept
+    assert fit_workload(wl, recs[:21]).tail_factor is None
+    assert fit_workload(fitted, [r for r in recs if r.turn > 1]).tail_factor == fitted.tail_factor
+    # EMA blend once an estimate exists
+    again = fit_workload(fitted, [r for i in range(10) for r in _traj(f"u{i}", 3, 10.0)], alpha=0.5)
+    assert again.tail_factor == pytest.approx(1.0 + 0.5 * (fitted.tail_factor - 1.0))
+    # the makespan is rho x the mean trajectory (weights S_k), for both modes
+    base = replace(wl, tail_factor=1.0)
+    scaled = replace(wl, tail_factor=1.2)
+    n = np.array([8.0])
+    a = colocated_makespan(hw, Stages.of(base), base, 64, n)[0]
+    b = colocated_makespan(hw, Stages.of(scaled), scaled, 64, n)[0]
+    assert b == pytest.approx(1.2 * a)
+    da = disaggregated_makespan(hw, Stages.of(base), base, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
+    db = disaggregated_makespan(hw, Stages.of(scaled), scaled, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
+    assert db == pytest.approx(1.2 * da)
+
+
+def test_colocated_decode_fit_removes_the_prefill_stall(prof8b: Prof) -> None:
+    """A colocated worker whose decode wall time is inflated by other requests' prefills: the fit
+    must recover the stall-free step time (the makespan model adds the stall back itself)."""
+    hw, _wl = prof8b
+    recs = []
+    for i in range(40):
+        n, ctx, out = 8.0, 20_000, 500
+        pure = out * hw.decode_step_s(n, ctx + out / 2)
+        # 8 requests decode in lockstep on one worker; each turn, each of them prefills 20K
+        # uncached tokens first, and every request's decode window is stalled by the 7 others'
+        p = hw.prefill_s(20_000, 0)
+        stalled = pure + (n - 1) * p
+        recs.append(TelemetryRecord(f"t{i}", 2, 20_000, 0, out, prefill_s=p, decode_s=stalled,
+                                    decode_concurrency=n, worker_id="w0", mode="colocated"))
+    fitted = fit_hardware(hw, recs, alpha=1.0)
+    ratio = fitted.decode_step_s(8, 20_250) / hw.decode_step_s(8, 20_250)
+    raw = recs[0].decode_s / (500 * hw.decode_step_s(8, 20_250))
+    assert raw > 1.2  # the raw per-token time is far above the step time ...
+    assert ratio == pytest.approx(1.0, rel=1e-6)  # ... the fit recovers it
+
+
+def test_colocation_sees_the_share_of_survivors_on_its_worker(prof8b: Prof) -> None:
+    """With few survivors, a surviving trajectory still shares its worker (size-biased), so more
+    workers than survivors does not make the tail free."""
+    hw, wl = prof8b
+    st = Stages.of(wl)
+    few, many = colocated_makespan(hw, st, wl, 64, np.array([8.0, 64.0]))
+    assert few > many > 0
