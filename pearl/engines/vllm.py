@@ -381,6 +381,10 @@ class VllmEngine:
             self._live.pop(rid, None)
             st.grew.set()
 
+    def streaming(self, rid: str) -> bool:
+        """Whether request ``rid``'s stream is open (started and not ended)."""
+        return rid in self._live
+
     async def wait_tokens(self, rid: str, n: int) -> int:
         """Wait until request ``rid`` has streamed ``n`` tokens or its stream ended; returns the count
         so far. A request not started yet is waited for (wrap in ``asyncio.wait_for``). For a PD

@@ -147,6 +147,10 @@ class ChaosEngine:
         """Generation calls in flight on ``worker_id`` through this wrapper."""
         return len(self._calls.get(worker_id, {}))
 
+    def inflight_rids(self, worker_id: str) -> list[str]:
+        """Request ids of the generation calls in flight on ``worker_id``."""
+        return list(self._calls.get(worker_id, {}))
+
     async def crash(self, worker_id: str) -> None:
         """The server dies now: in-flight calls end with ``EngineDeadError`` (partial kept)."""
         self.dead.add(worker_id)

@@ -71,6 +71,24 @@ async def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-u
         await asyncio.sleep(0.2)
 
 
+async def _streaming_request(chaos: ChaosEngine, vllm: VllmEngine, wid: str, timeout_s: float) -> str:
+    """A request on ``wid`` that has streamed at least 2 tokens and is still streaming: killing the
+    server now interrupts it mid-decode whatever this machine's speed (a fixed sleep would let a
+    short response finish first on a fast machine)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while loop.time() < end:
+        for rid in chaos.inflight_rids(wid):
+            try:
+                n = await asyncio.wait_for(vllm.wait_tokens(rid, 2), 30)
+            except TimeoutError:
+                continue
+            if n >= 2 and vllm.streaming(rid):
+                return rid
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no request streamed on {wid} within {timeout_s:.0f} s")
+
+
 @pytest.mark.timeout(3000)  # four server starts (2 + 2 replacements) on two shared cores
 async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
     from pearl.models import ensure_models
@@ -96,8 +114,7 @@ async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
         assert chaos.injected.get("kv_transfer_failure") == 1
         # 2. kill -9 the decode server while it streams a request
         dec = next(w for w in ctrl.executor.state.workers.values() if w.role.value == "decode").worker_id
-        await _wait(lambda: chaos.inflight(dec) > 0, 300, f"a request on {dec}")
-        await asyncio.sleep(0.5)
+        await _streaming_request(chaos, vllm, dec, 300)  # a request that has streamed tokens and goes on
         proc = vllm.server(dec).proc
         assert proc is not None
         os.kill(proc.pid, signal.SIGKILL)
