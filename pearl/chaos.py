@@ -63,7 +63,7 @@ def _reliability_cmd(args: argparse.Namespace) -> int:
 
     _text, ok = build_report(seeds=args.seeds, events=args.events, fuzz_examples=args.fuzz_examples,
                             load_trajectories=args.load_trajectories, out=args.out,
-                            log=lambda m: print(m, file=sys.stderr))
+                            log=lambda m: print(m, file=sys.stderr), vllm=args.vllm)
     print(f"wrote {args.out}")
     return 0 if ok else 1
 
@@ -75,4 +75,6 @@ def add_reliability_parser(sub: Any) -> None:
     p.add_argument("--events", type=int, default=100, help="faults per chaos run")
     p.add_argument("--fuzz-examples", type=int, default=2000, help="hypothesis examples per parser")
     p.add_argument("--load-trajectories", type=int, default=10_000, help="concurrent trajectories in the load test")
+    p.add_argument("--vllm", action="store_true",
+                   help="also run the real-vLLM fault test (tests/reliability/test_vllm_faults.py, ~15 min)")
     p.set_defaults(func=_reliability_cmd)

@@ -48,7 +48,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
 
 def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, load_trajectories: int = 10_000,
                  out: str | Path | None = "docs/RELIABILITY.md", atheris_runs: int = 5000,
-                 log: Callable[[str], None] = lambda m: None) -> tuple[str, bool]:
+                 log: Callable[[str], None] = lambda m: None, vllm: bool = False) -> tuple[str, bool]:
     from pearl.reliability import atheris_fuzz
     from pearl.reliability.chaos import FAULT_KINDS, run_chaos
     from pearl.reliability.fuzz import run_hypothesis
@@ -97,6 +97,12 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
     log(f"load: {load_trajectories} concurrent trajectories (instant, emulated)...")
     load = [run_load(load_trajectories, e).to_dict() for e in ("instant", "emulated")]
     ok &= all(r["completed"] == load_trajectories for r in load)
+    # ---------------------------------------------------------------- real vLLM (optional: ~15 min)
+    soak: dict[str, Any] | None = None
+    if vllm:
+        log("real vLLM faults (tests/reliability/test_vllm_faults.py)...")
+        soak = run_vllm_soak()
+        ok &= soak["passed"]
     elapsed = time.perf_counter() - t_start
 
     # ---------------------------------------------------------------- the page
@@ -226,11 +232,42 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
                  x["wall_s"], x["virtual_makespan_s"]] for x in load]),
         "",
     ]
+    lines += ["## The same key faults against real vLLM servers (`tests/reliability/test_vllm_faults.py`)", "",
+              "One controller drives two tiny-Qwen3 vLLM servers on this CPU (1 prefill + 1 decode) behind "
+              "`ChaosEngine`: (1) a KV transfer the decode side refuses; (2) `kill -9` of the decode server while a "
+              "request is streaming (the partial output must reach the runtime, the worker is replaced); (3) a weight "
+              "sync in which one server's load fails (that worker is replaced). After each, the batch in flight "
+              "completes with every trajectory and every retried turn starts from the prompt plus all tokens already "
+              "received. `make test` runs it (marker `soak`; `make test-soak` runs only it).", ""]
+    if soak is None:
+        lines += ["Not run for this page (`python -m pearl reliability --vllm` includes it; ~15 min on 2 cores).", ""]
+    else:
+        lines += [_table(["result", "seconds", "pytest says"],
+                         [["passed" if soak["passed"] else "FAILED", soak["seconds"], soak["summary"]]]), ""]
     text = "\n".join(lines)
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)
     return text, ok
+
+
+def run_vllm_soak(timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Run the real-vLLM fault test in a pytest subprocess; ``{passed, seconds, summary}`` (the
+    summary is pytest's last line, e.g. ``1 passed in 995.59s``)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent.parent
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "soak", "-p", "no:cacheprovider",
+                               "tests/reliability/test_vllm_faults.py"], cwd=root, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+        lines = [x for x in proc.stdout.splitlines() if x.strip()]
+        summary, passed = (lines[-1] if lines else "no output"), proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        summary, passed = f"timed out after {timeout_s:.0f} s", False
+    return {"passed": passed, "seconds": round(time.perf_counter() - t0, 1), "summary": summary.strip("= ")}
 
 
 def _allowed(name: str) -> str:
