@@ -289,6 +289,29 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     return summary
 
 
+def _secs(a: Any, b: Any) -> str:
+    return f"{b - a:.1f} s" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "-"
+
+
+def reconfiguration_lines(recs: dict[str, Any]) -> list[str]:
+    """One readable line per expansion, shrink and borrowed-GPU return (durations, not the raw clock
+    readings that ``summary.json`` keeps)."""
+    out = []
+    for g in recs.get("expansions", []):
+        members = ", ".join(f"{w} on {'+'.join(m.get('gpus', []))}" for w, m in g.get("members", {}).items())
+        out.append(f"expansion {g.get('group_id')} [{members}]: {g.get('status')}; preparation "
+                   f"{_secs(g.get('started_at'), g.get('ready_at'))}, admission {_secs(g.get('ready_at'), g.get('admitted_at'))}"
+                   + (f"; error: {g['error']}" if g.get("error") else ""))
+    for sh in recs.get("shrinks", []):
+        out.append(f"shrink of {', '.join(sh.get('gpus', []))}: released in {_secs(sh.get('started_at'), sh.get('released_at'))}, "
+                   f"{sh.get('aborted_requests', 0)} requests aborted (their partial output kept and resumed), "
+                   f"deadline {'met' if sh.get('met_deadline') else 'MISSED'}")
+    for r in recs.get("returns", []):
+        out.append(f"return of borrowed {', '.join(r.get('workers', []))} before an update: "
+                   f"{r.get('delay_s', float('nan')):.1f} s, {r.get('aborted_requests', 0)} requests aborted and resumed")
+    return out
+
+
 def print_summary(s: dict[str, Any], path: Path) -> None:
     print("\n=== PEARL run summary ===")
     print(f"steps {s['steps']}  trajectories {s['trajectories']}  throughput {s['throughput_traj_per_h']} traj/h  "
@@ -299,9 +322,8 @@ def print_summary(s: dict[str, Any], path: Path) -> None:
           f"{b['rollout_and_overlap']} + training {b['training']} + weight sync {b['weight_sync']}")
     recs = s["reconfigurations"]
     print(f"reconfigurations: {json.dumps(recs['counts'])}")
-    for kind in ("expansions", "shrinks", "returns"):
-        for r in recs[kind]:
-            print(f"  {kind[:-1]}: {json.dumps(r, default=str)}")
+    for line in reconfiguration_lines(recs):
+        print("  " + line)
     print(f"transition cost estimates (EMA, s): {json.dumps(recs['cost_estimates_s'])}")
     print(f"summary: {path}")
 
