@@ -26,13 +26,38 @@ with *short* turns, so that path overestimates the slowest trajectory: measured 
 observed turn times, yet the old sum was +8.5 % above the observed makespan (the slowest
 trajectory ran 15-18 of a possible 19 turns). The reach weights alone remove ~2 points; the
 measured tail factor removes the rest. Modelling choice: rho is treated as a property of the
-workload and B, carried over unchanged to every candidate allocation.
+workload and B, carried over unchanged to every colocated candidate; disaggregated candidates
+use the slowest observed paths instead once the profile has them (below).
+
+Disaggregation's tail (session 2, second round): ``rho`` is measured where PEARL mostly runs,
+in colocation, whose sticky workers let trajectories' decode speeds differ; a disaggregated
+decode pool batches every trajectory together and evens them out (emulator, Qwen3-8B: rho
+1.18-1.24 colocated vs 1.14-1.20 for P:D splits), so carrying rho over made every split 1-9 %
+too slow. When the workload profile holds the turn paths of the slowest observed trajectories
+(``tail_paths``, ``fit_workload``), a split's makespan is instead the slowest of those paths run
+through the split's per-stage state::
+
+    M_PD = max_j sum_{k <= K_j} T_jk + W_start
+    T_jk = (W_s + P(x_jk, c_jk) + X(x_jk + c_jk) + o_jk tau(n_s, L_jk) + e_jk) C_s / C_lat,s
+
+(``s`` the stage of turn k; ``W_s``, ``n_s``, ``C_s``, ``C_lat,s`` from the fixed point below; the
+ratio stretches a turn when a throughput bound, not latency, sets the stage's cycle; ``L_jk =
+x_jk + c_jk + o_jk / 2``). Colocation keeps ``rho T_mean``: there the measured ratio *is* the
+mechanism (a modelled slowest path missed ~3.5 % of it on 8 workers: the sticky workers'
+uneven load). Modelling choice: the paths are the observed slowest 4 (``profile.TAIL_PATHS``).
 
 Turns are compressed into at most ``STAGES`` consecutive groups (per-group means) so that every
 candidate allocation is evaluated at once with numpy (vectorised over candidates x stages).
 
 Per-turn quantities (workload profile): x new prompt tokens, c cached tokens, o output tokens,
-e environment seconds, L = x + c + o/2 mean decode context. Hardware (``HardwareProfile``):
+e environment seconds, L = x + c + o/2 mean decode context. They are per-turn *means* (the
+cycle is linear in o and e, so the sum over turns needs E[o], E[e]); e includes the test runs
+(rare, long) and the final turn's test. (Session 2 fix, in ``profile.py``: the fit used per-turn
+medians and the prior left out the tests; on the ``paper`` workload that made e ~40 % and o a
+few % too small and the colocated makespan 3-8 % too short, more so at small B / N where the
+cycle is shorter and env a larger share of it. Qwen3-8B, B = 64, measured 430 s on 8 workers
+and 278 s on 24: predicted 417 s and 256 s before, 431 s and 276 s after, together with the
+one-scale decode fit for colocated telemetry in ``profile.fit_hardware``.) Hardware (``HardwareProfile``):
 P = P(x, c) prefill time, tau(n, L) decode iteration time at batch n, X = X(x + c) KV transfer
 of the whole context (the decode worker needs every KV entry of the prompt), H_max KV tokens per
 worker, K_seq KV footprint of one trajectory.
@@ -131,6 +156,7 @@ class Stages:
     o: F64
     e: F64
     surv: tuple[tuple[float, ...], ...] = ()
+    turn_stage: tuple[int, ...] = ()  # turn index (0-based) -> its group (turns past the end: the last)
 
     def path(self, wl: WorkloadProfile, batch: int) -> tuple[F64, float]:
         """(per-group turn weights, factor): the makespan is ``factor * sum(weights * C)``.
@@ -160,6 +186,7 @@ class Stages:
         edges = np.linspace(0, k, min(stages, k) + 1).round().astype(int)
         cols: list[list[float]] = [[], [], [], [], [], []]
         groups: list[tuple[float, ...]] = []
+        turn_stage: list[int] = []
         surv = np.asarray(wl.survival)
         arrays = [np.asarray(a, dtype=np.float64) for a in (wl.new_tokens, wl.cached_tokens, wl.output_tokens, wl.env_s)]
         for lo, hi in itertools.pairwise(edges.tolist()):
@@ -168,7 +195,9 @@ class Stages:
             w = surv[lo:hi]
             wsum = float(w.sum())
             if wsum <= 0:
+                turn_stage.extend([max(len(groups) - 1, 0)] * (hi - lo))
                 continue
+            turn_stage.extend([len(groups)] * (hi - lo))
             # turns in this group, counted for the last trajectory: each turn is on its path
             cols[0].append(float(hi - lo))
             groups.append(tuple(float(v) for v in w))
@@ -176,7 +205,7 @@ class Stages:
             for j, a in enumerate(arrays):
                 cols[2 + j].append(float((a[lo:hi] * w).sum() / wsum))
         t, alive, x, c, o, e = (np.asarray(col, dtype=np.float64).reshape(1, -1) for col in cols)
-        return Stages(t, alive, x, c, o, e, tuple(groups))
+        return Stages(t, alive, x, c, o, e, tuple(groups), tuple(turn_stage))
 
 
 @functools.lru_cache(maxsize=64)
@@ -277,7 +306,28 @@ def disaggregated_makespan(
     u_req = bk * p / (npf * np.maximum(c_lat, c_d))
     prefill_ok = (u_req <= u_max).all(axis=1)
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
-    weights, factor = st.path(wl, batch)
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
+    if wl.tail_paths and st.turn_stage:
+        slowest = _slowest_path_disagg(hw, st, wl.tail_paths, w, n, c_cyc / c_lat)
+        return DisaggResult(slowest + start, prefill_ok, kv_ok)
+    weights, factor = st.path(wl, batch)
     total: F64 = factor * ((weights * c_cyc).sum(axis=1) + start)
     return DisaggResult(total, prefill_ok, kv_ok)
+
+
+def _slowest_path_disagg(hw: HardwareProfile, st: Stages, paths: tuple[tuple[tuple[float, float, float, float], ...], ...],
+                         w: F64, n: F64, stretch: F64) -> F64:
+    """``max_j sum_k T_jk`` over the observed slowest trajectories ``j`` (module docstring), per
+    candidate; ``w``, ``n``, ``stretch`` = C / C_lat are the per-stage states, shape (M, S)."""
+    last = len(st.turn_stage) - 1
+    best = np.zeros(w.shape[0], dtype=np.float64)
+    for path in paths:
+        if not path:
+            continue
+        arr = np.asarray(path, dtype=np.float64)  # (K, 4): x, c, o, e
+        x, c, o, e = (arr[:, i].reshape(1, -1) for i in range(4))
+        idx = np.asarray([st.turn_stage[min(k, last)] for k in range(arr.shape[0])], dtype=np.intp)
+        ctx = x + c + o / 2.0
+        t = (w[:, idx] + _prefill(hw, x, c) + hw.g0 + hw.g1 * (x + c) + o * _tau(hw, n[:, idx], ctx) + e) * stretch[:, idx]
+        best = np.maximum(best, t.sum(axis=1))
+    return best

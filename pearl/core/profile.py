@@ -31,7 +31,9 @@ makespan a *last-trajectory* time), ``new_tokens[k]`` (prompt tokens not in the 
 ``cached_tokens[k]``, ``output_tokens[k]``, ``env_s[k]`` (environment time after the turn), and
 ``k_seq`` (per-trajectory KV footprint K_seq of the paper's memory constraint) and, once
 telemetry has seen whole trajectories, ``tail_factor`` (slowest / mean trajectory duration in a
-batch: how far the batch's last trajectory lies above the mean one, ``makespan.py``). Modelling choice:
+batch: how far the batch's last trajectory lies above the mean one, ``makespan.py``) and
+``tail_paths`` (the turns ``(x, c, o, e)`` of the window's 4 slowest whole trajectories, which
+``makespan.py`` runs through a P:D split's per-stage state). Modelling choice:
 K_seq is the *mean* final context of a trajectory, not a high quantile — the decode pool holds the
 whole batch's contexts at once, so the sum over the batch (B * mean) is what must fit; a quantile
 would count every trajectory as the longest one.
@@ -43,8 +45,15 @@ principles above and telemetry calibrates its *scale*, robustly:
 * prefill and transfer: one scale each, the median of observed / predicted (immune to outliers);
 * decode: two scales (fixed per-step part, per-sequence part) by least squares on the per-token
   decode time ``decode_s / output_tokens = s_f * (b0 + b_e f_E(n)) + s_v * (b1 n + b2 n L)``
-  after dropping records outside 5x the median ratio; a singular or negative solution falls back
-  to one median scale. A colocated record's decode time includes the prefill chunks of the other
+  after dropping records outside 5x the median ratio, over the *disaggregated* records only; with
+  fewer than 3 of them, or a singular or negative solution, one common scale ``s_f = s_v`` = the
+  median ratio of observed / prior per-token time over all records. Why (session 2 fix): the
+  split between the two parts is identified only by the spread of the decode batch ``n``;
+  colocated records have ``n <= B / N`` and carry the stall correction below, whose per-worker
+  mean leaves residuals correlated with ``n``. Fitted on one colocated batch (Qwen3-8B, 8
+  workers) the two-scale solution was ``s_f = 0.84, s_v = 1.23`` where the emulator's truth is
+  ~1.0 / ~0.95 (its median ratio: 0.99), so the decode pool's larger batches (n ~ 14) were
+  predicted 7-12 % too slow and every P:D split's makespan 7-20 % too long. A colocated record's decode time includes the prefill chunks of the other
   requests that stalled its batch; the makespan model adds that interference itself (``D = o
   tau / (1 - u_oth)``), so the fit uses the stall-free time ``decode_s (1 - u_w (n - 1) / n)``
   with ``u_w`` the worker's prefill share estimated from the same window
@@ -61,7 +70,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from statistics import median
+from statistics import fmean, median
 from typing import Protocol
 
 
@@ -135,6 +144,10 @@ class _WorkloadLike(Protocol):
     def env_step_s(self) -> _DistLike: ...
     @property
     def prefix_cache_hit(self) -> float: ...
+    @property
+    def test_run_prob(self) -> float: ...
+    @property
+    def test_run_s(self) -> _DistLike: ...
 
 
 class ProfileError(ValueError):
@@ -281,7 +294,10 @@ def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alp
         ratio = [y / (f + v) for y, f, v in zip(ys, xf, xv, strict=True)]
         med = median(ratio)
         keep = [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0]
-        sf, sv = _lsq2([xf[i] for i in keep], [xv[i] for i in keep], [ys[i] for i in keep])
+        # two scales only from stall-free (disaggregated) records; colocated ones calibrate one
+        # common scale (module docstring: the split is not identified by colocated telemetry)
+        free = [i for i in keep if dec[i].mode != "colocated"]
+        sf, sv = _lsq2([xf[i] for i in free], [xv[i] for i in free], [ys[i] for i in free])
         if sf is None or sv is None:
             sf = sv = med
         kf = 1.0 + alpha * (sf - 1.0)
@@ -338,6 +354,9 @@ class WorkloadProfile:
     k_seq: float
     samples: int = 0
     tail_factor: float | None = None  # slowest / mean duration of whole trajectories (None: not observed yet)
+    #: the slowest whole trajectories of the last window, each as its turns' (x, c, o, e): new
+    #: prompt tokens, cached tokens, output tokens, env seconds (``makespan.py``: slowest path)
+    tail_paths: tuple[tuple[tuple[float, float, float, float], ...], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.survival)
@@ -360,11 +379,20 @@ class WorkloadProfile:
         Turns ~ lognormal(mean, cv) clipped to [min, max]; survival S(k) = P(turns >= k). Context
         at turn k: ``ctx_k = sys + (k - 1) * (o + obs)``; turns stop once ``ctx_k + o`` would
         exceed the trajectory limit. Prompt tokens ``ctx_k``; cached ``h * (ctx_k - obs)`` for
-        k > 1 (prefix-cache hit ratio h; turn 1 is uncached); output ``o``; env ``e``.
+        k > 1 (prefix-cache hit ratio h; turn 1 is uncached); output ``o``. Environment seconds
+        after turn k: a test run (mean ``e_test``) instead of a tool call (mean ``e_tool``) with
+        probability ``q_k``; the last turn of a trajectory always runs the tests::
+
+            e_k = (1 - q_k) e_tool + q_k e_test,   q_k = h_k + (1 - h_k) p_test,
+            h_k = (S(k) - S(k + 1)) / S(k)   (P(turn k is the last | it is reached))
+
+        (Session 2: the first prior used ``e_tool`` alone and missed the tests, about 10 s per
+        trajectory on the ``paper`` workload.)
         """
         o = _clipped_mean(w.response_tokens)
         obs = _clipped_mean(w.observation_tokens)
         e = _clipped_mean(w.env_step_s)
+        e_test = _clipped_mean(w.test_run_s)
         limit = float(w.max_trajectory_tokens)
         kmax_len = max(1, int((limit - w.system_prompt_tokens - o) // (o + obs)) + 1)
         kmax = max(1, min(int(w.turns.max), kmax_len))
@@ -375,11 +403,14 @@ class WorkloadProfile:
                 break
             ctx = w.system_prompt_tokens + (k - 1) * (o + obs)
             c = 0.0 if k == 1 else w.prefix_cache_hit * (ctx - obs)
+            s_next = _survival(w.turns, k + 1) if k < kmax else 0.0
+            h = (s - s_next) / s
+            q = h + (1.0 - h) * w.test_run_prob
             surv.append(s)
             new.append(ctx - c)
             cached.append(c)
             out.append(o)
-            env.append(e)
+            env.append((1.0 - q) * e + q * e_test)
         # K_seq: expected final context of a trajectory, E[ctx at its last turn] + o
         kseq = min(limit, w.system_prompt_tokens + sum(surv) * (o + obs))
         return WorkloadProfile(tuple(surv), tuple(new), tuple(cached), tuple(out), tuple(env), kseq)
@@ -442,8 +473,8 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     """EMA-blend per-turn statistics observed in ``records`` into ``prior``.
 
     Survival is estimated from trajectories that ended (a record with ``final=True`` gives the
-    trajectory's number of turns); per-turn token and env means use the median of each turn's
-    records (robust to outliers); ``tail_factor`` from the trajectories seen whole
+    trajectory's number of turns); per-turn token and env values are the arithmetic means of each
+    turn's records (invalid records are dropped first); ``tail_factor`` from the trajectories seen whole
     (``_tail_factor``), EMA-blended once a previous estimate exists. Turns never observed keep the prior's values; an empty or
     invalid window returns ``prior`` unchanged.
     """
@@ -463,12 +494,17 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     if len(prior.survival) < kmax:
         surv[len(prior.survival):] = [0.0] * (kmax - len(prior.survival))
     new, cached, out, env = ext(prior.new_tokens), ext(prior.cached_tokens), ext(prior.output_tokens), ext(prior.env_s)
+    # Means, not medians (session 2 fix): the makespan is a sum of per-turn costs that are linear
+    # in o and e, so it needs E[o] and E[e]; both are right-skewed (lognormal response lengths,
+    # rare long test runs), and the median under-stated them (env by ~40 % on the ``paper``
+    # workload: tool calls of median 0.7 s, mean 1.2 s with the test runs), which made the
+    # predicted makespan 3-8 % too short.
     for k, rs in by_turn.items():
         i = k - 1
-        new[i] += alpha * (median([r.prompt_tokens - r.cached_tokens for r in rs]) - new[i])
-        cached[i] += alpha * (median([r.cached_tokens for r in rs]) - cached[i])
-        out[i] += alpha * (median([r.output_tokens for r in rs]) - out[i])
-        env[i] += alpha * (median([r.env_s for r in rs]) - env[i])
+        new[i] += alpha * (fmean([r.prompt_tokens - r.cached_tokens for r in rs]) - new[i])
+        cached[i] += alpha * (fmean([r.cached_tokens for r in rs]) - cached[i])
+        out[i] += alpha * (fmean([r.output_tokens for r in rs]) - out[i])
+        env[i] += alpha * (fmean([r.env_s for r in rs]) - env[i])
     kseq = prior.k_seq
     if final_turns:
         n = len(final_turns)
@@ -485,11 +521,52 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     return WorkloadProfile(
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf if tf is not None else prior.tail_factor,
+        tail_paths=_tail_paths(recs) or prior.tail_paths,
     )
 
 
 #: fewest whole trajectories in a window for a tail-factor estimate
 MIN_TRAJECTORIES_FOR_TAIL = 8
+
+
+#: how many of the slowest whole trajectories ``tail_paths`` keeps
+TAIL_PATHS = 4
+
+
+def _durations(recs: Sequence[TelemetryRecord]) -> dict[str, float]:
+    """Duration (queue + prefill + transfer + decode + env s) of every trajectory seen whole in
+    the window (a record of turn 1 and a ``final`` record)."""
+    dur: dict[str, float] = defaultdict(float)
+    first: set[str] = set()
+    done: set[str] = set()
+    for r in recs:
+        dur[r.traj_id] += r.queue_s + r.prefill_s + r.transfer_s + r.decode_s + r.env_s
+        if r.turn == 1:
+            first.add(r.traj_id)
+        if r.final:
+            done.add(r.traj_id)
+    return {t: dur[t] for t in first & done}
+
+
+def _tail_paths(recs: Sequence[TelemetryRecord]) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
+    """The ``TAIL_PATHS`` slowest whole trajectories of the window, each as its turns' (new
+    prompt tokens, cached tokens, output tokens, env s) in turn order; () with fewer than
+    ``MIN_TRAJECTORIES_FOR_TAIL`` whole trajectories. Modelling choice: the slowest trajectory
+    under another allocation is taken to be among the slowest observed ones (their turn counts
+    and token paths make them slow; the allocation changes how fast each turn runs)."""
+    dur = _durations(recs)
+    if len(dur) < MIN_TRAJECTORIES_FOR_TAIL:
+        return ()
+    slow = set(sorted(dur, key=lambda t: (-dur[t], t))[:TAIL_PATHS])
+    turns: dict[str, list[TelemetryRecord]] = defaultdict(list)
+    for r in recs:
+        if r.traj_id in slow:
+            turns[r.traj_id].append(r)
+    return tuple(
+        tuple((float(r.prompt_tokens - r.cached_tokens), float(r.cached_tokens), float(r.output_tokens), r.env_s)
+              for r in sorted(turns[t], key=lambda r: r.turn))
+        for t in sorted(slow, key=lambda t: (-dur[t], t))
+    )
 
 
 def _tail_factor(recs: Sequence[TelemetryRecord]) -> float | None:
@@ -501,16 +578,7 @@ def _tail_factor(recs: Sequence[TelemetryRecord]) -> float | None:
     Gaussian extreme-value term: with a binding token limit the durations are left-skewed - short
     trajectories end early, long ones hit the cap - and the emulator's cv of ~0.17 with a
     max / mean of ~1.18 at B = 64 fits no normal tail.)"""
-    dur: dict[str, float] = defaultdict(float)
-    first: set[str] = set()
-    done: set[str] = set()
-    for r in recs:
-        dur[r.traj_id] += r.queue_s + r.prefill_s + r.transfer_s + r.decode_s + r.env_s
-        if r.turn == 1:
-            first.add(r.traj_id)
-        if r.final:
-            done.add(r.traj_id)
-    xs = [dur[t] for t in first & done]
+    xs = list(_durations(recs).values())
     if len(xs) < MIN_TRAJECTORIES_FOR_TAIL:
         return None
     m = sum(xs) / len(xs)

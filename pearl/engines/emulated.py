@@ -51,6 +51,14 @@ generator seeded by ``(seed, worker, kind, count)``): ``launch`` (preparation), 
 ``set_role``. Launch failures can be injected (``fail_next_launch``) to test all-or-nothing
 expansion.
 
+Resumed requests (``resume_prefill``): a request whose ``rid`` carries an ``#attempt`` suffix
+(``pearl.engines.resume.continuation_request``) resumes an interrupted one; its prompt is the
+original prompt plus the tokens already generated, and all of it that the new worker's prefix
+cache does not hold is prefilled again - work an uninterrupted request never does. The engine
+logs, per resumed request, those prompt tokens computed and the prefill seconds, and per
+conversation the generation seconds (prefill + decode of all its requests) for the paper's
+Table 3 quantity "extra prefill of a resumed request / the trajectory's generation time".
+
 Tokens are synthetic but deterministic: position ``q`` of conversation ``c`` gets
 ``T[(crc32(c) + q) mod vocab]`` with ``T`` a permutation of the vocabulary drawn from
 ``EmulatorSpec.seed``, and a logprob drawn once per table slot (``-Exp(0.7)``). So a resumed
@@ -235,6 +243,9 @@ class EmulatedEngine:
         self.crashes: list[str] = []  # driver errors (a bug): their requests ended as aborted
         self.events_total = 0
         self._phase_retired: dict[str, float] = dict.fromkeys(_PHASE_FIELDS, 0.0)
+        #: (conversation, prompt tokens prefilled again, prefill s) of every resumed request
+        self.resume_log: list[tuple[str, int, float]] = []
+        self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
 
     @staticmethod
     def from_config(cfg: RunConfig, clock: Clock) -> EmulatedEngine:
@@ -286,6 +297,22 @@ class EmulatedEngine:
         allp = toks + tot["cached_tokens"]
         tot["prompt_token_share"] = (tot["prefill_tokens"] + tot["cached_tokens"]) / allp if allp else 0.0
         return tot
+
+    def resume_prefill(self) -> dict[str, Any]:
+        """The extra prefill of resumed requests (module docstring): per resumed request
+        ``tokens`` (prompt tokens computed again) and ``seconds`` (its prefill time), and per
+        trajectory with a resumed request ``share`` = its resumed requests' prefill seconds / its
+        generation seconds (prefill + decode of all its requests so far; a trajectory still
+        running at the end counts what it had done)."""
+        extra: dict[str, float] = {}
+        for conv, _tok, sec in self.resume_log:
+            extra[conv] = extra.get(conv, 0.0) + sec
+        shares = [sec / self._gen_s[c] for c, sec in extra.items() if self._gen_s.get(c, 0.0) > 0]
+        return {
+            "tokens": [t for _c, t, _s in self.resume_log],
+            "seconds": [sec for _c, _t, sec in self.resume_log],
+            "share": shares,
+        }
 
     @property
     def events(self) -> int:
@@ -453,6 +480,9 @@ class EmulatedEngine:
         else:
             reason = FinishReason.LENGTH
         conc = r.conc
+        self._gen_s[r.conv] = self._gen_s.get(r.conv, 0.0) + r.prefill_s + r.decode_s
+        if "#" in r.rid and r.prefill_s > 0:
+            self.resume_log.append((r.conv, r.prefilled, r.prefill_s))
         return GenerateResult(
             rid=r.rid, output_ids=out, logprobs=lps, finish_reason=reason, weight_version=r.version,
             prompt_tokens=r.input_len, cached_tokens=r.cached,
@@ -470,12 +500,15 @@ class EmulatedEngine:
             self._abort_worker(w)
         else:
             for r in list(self._inflight.values()):
-                if (r.rid == rid or r.rid.split("#")[0] == rid) and worker_id in r.workers:
+                if (r.rid == rid or r.rid.split("#")[0] == rid) and (worker_id in r.workers or r.d_worker == worker_id):
                     self._abort(r)
 
     def _abort_worker(self, w: _Worker) -> None:
+        # PD: a request still prefilling elsewhere is bound for its decode worker too (``d_worker``);
+        # aborting only those already on it let a draining decode worker take new hand-offs and
+        # serve them to the end (session 2: borrowed-GPU returns of 22-38 s instead of ~4 s)
         for r in list(self._inflight.values()):
-            if w.id in r.workers:
+            if w.id in r.workers or r.d_worker == w.id:
                 self._abort(r)
 
     def _abort(self, r: _Req) -> None:

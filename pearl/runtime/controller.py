@@ -134,7 +134,9 @@ class Controller:
         self.ready_at: float | None = None
         self.train_steps = 0
         self.batch_predictions: list[tuple[float, float]] = []  # (predicted at batch start, observed) s
-        self._predicted_now = math.nan
+        # batch index -> the predicted makespan in force when that batch started (keyed, so the
+        # pairing stays right even if a pipeline ever overlaps consecutive batches)
+        self._predicted_at_start: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ construction helpers
@@ -230,12 +232,14 @@ class Controller:
 
     def _on_batch_start(self, r: int) -> None:
         d = self.elastic.decision
-        self._predicted_now = d.predicted_makespan_s if d is not None else math.nan
+        self._predicted_at_start[r] = d.predicted_makespan_s if d is not None else math.nan
 
     async def _on_batch_done(self, r: int, records: list[TrajectoryRecord]) -> None:
+        # ``run_batch(r)`` appended its makespan just before this call (no await in between)
         observed = self.pipeline.stats.batch_makespans[-1]
-        if math.isfinite(self._predicted_now):
-            self.batch_predictions.append((self._predicted_now, observed))
+        predicted = self._predicted_at_start.pop(r, math.nan)
+        if math.isfinite(predicted):
+            self.batch_predictions.append((predicted, observed))
         self.tracker.refit()
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
 

@@ -317,32 +317,120 @@ def table2(out: Path, quick: bool = False, progress: Callable[[str], None] = pri
 
 
 # ------------------------------------------------------------------------------------ table 3
+def _pearl_reruns(fig5_results: Mapping[str, Any], workload: str, jobs: int, trace: str | None,
+                  progress: Callable[[str], None], saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replay ``pearl`` alone on the segments of ``fig5_results`` whose pearl run predates the
+    resume telemetry (no ``resume_prefill``); returns fig5-shaped results for those keys. Replays
+    already in ``saved`` (``table3.pearl_runs.json``) for the same segment are reused (delete
+    that file to replay again)."""
+    todo: list[tuple[str, tuple[Any, ...]]] = []
+    out: dict[str, Any] = {}
+    for key, run in fig5_results.items():
+        model, _label = key.split("/")
+        seg = run.get("segment")
+        if model in MODELS and isinstance(seg, dict) and "resume_prefill" not in run["systems"].get("pearl", {"resume_prefill": 1}):
+            old = (saved or {}).get(key)
+            if old is not None and old.get("segment") == seg:
+                out[key] = old
+                continue
+            todo.append((key, (MODELS[model], workload, {}, str(trace or DEFAULT_TRACE), float(seg["start_hour"]),
+                               float(seg["hours"]), ("pearl",), False)))
+    if todo:
+        progress(f"table3: {len(todo)} pearl replays (the fig5 runs have no resume telemetry)")
+        outs = _pmap(_sim_job, [j for _k, j in todo], jobs)
+        for (k, _j), o in zip(todo, outs, strict=True):
+            out[k] = {"segment": fig5_results[k]["segment"], "systems": {"pearl": o["systems"]["pearl"]}}
+    return {k: out[k] for k in fig5_results if k in out}
+
+
+def _reruns_markdown(rerun: Mapping[str, Any], fig5_results: Mapping[str, Any]) -> str:
+    """PEARL as replayed for Table 3 against the fig5 runs of the other systems."""
+    rows = []
+    for key, r in rerun.items():
+        p = r["systems"]["pearl"]
+        others = fig5_results.get(key, {}).get("systems", {})
+        tph = float(p["trajectories_per_hour"])
+
+        def ratio(name: str, tph: float = tph, others: Mapping[str, Any] = others) -> str:
+            o = others.get(name)
+            return "-" if not o or not o["trajectories_per_hour"] else f"{tph / float(o['trajectories_per_hour']):.3f}"
+
+        rc = p.get("reconfigurations", {})
+        rows.append([key, round(tph, 1), ratio("roll"), ratio("rlboost+"), ratio("oracle"),
+                     rc.get("mode_switch", 0), rc.get("borrow", 0), p.get("makespan_prediction_error_piecewise"),
+                     p.get("makespan_prediction_error")])
+    return ("\n\nThe pearl replays above (current code) against the fig5 runs of the other systems "
+            "(an earlier code state; roll and rlboost+ are colocated-only):\n\n"
+            + markdown_table(["segment", "pearl traj/h", "vs roll", "vs rlboost+", "vs oracle", "mode switches",
+                              "borrows", "predictor err (piecewise)", "predictor err (batch start)"], rows))
+
+
 def table3(out: Path, fig5_results: Mapping[str, Any] | None = None, quick: bool = False,
-           progress: Callable[[str], None] = print, workload: str = "paper") -> tuple[str, dict[str, Any]]:
+           progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1,
+           trace: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Reconfiguration costs and the extra prefill of resumed requests, as observed in the pearl
+    runs of fig5. Pearl runs without resume telemetry (fig5 results from before it existed) are
+    replayed again (pearl only, same segments); the table then says so."""
     if fig5_results is None:
         f = out / "fig5.json"
         if f.is_file():
             fig5_results = json.loads(f.read_text())
         else:
             _, fig5_results = fig5(out, quick=quick, progress=progress, workload=workload)
+    saved_f = out / "table3.pearl_runs.json"
+    saved = json.loads(saved_f.read_text()) if saved_f.is_file() else None
+    rerun = _pearl_reruns(fig5_results, workload, jobs, trace, progress, saved)
+    if rerun:  # the whole pearl summaries (throughput, predictor errors) of the replays, for the record
+        (out / "table3.pearl_runs.json").write_text(json.dumps(rerun, indent=1, default=str))
+    runs = {**fig5_results, **rerun}
     samples: dict[str, list[float]] = {}
-    for run in fig5_results.values():
-        costs = run["systems"].get("pearl", {}).get("reconfiguration_costs_s", {})
-        for kind, vals in costs.items():
+    resume: dict[str, list[float]] = {}
+    for run in runs.values():
+        pearl = run["systems"].get("pearl", {})
+        for kind, vals in pearl.get("reconfiguration_costs_s", {}).items():
             samples.setdefault(kind, []).extend(vals)
+        for kind, vals in pearl.get("resume_prefill", {}).items():
+            resume.setdefault(kind, []).extend(vals)
     rows = []
     for kind, vals in sorted(samples.items()):
         if vals:
             rows.append([kind, len(vals), min(vals), sorted(vals)[len(vals) // 2], max(vals)])
+    names = {"tokens": "extra prefill of a resumed request (prompt tokens computed again)",
+             "seconds": "extra prefill of a resumed request (s)",
+             "share": "extra prefill / the trajectory's generation time (%, per resumed trajectory)"}
+    rrows = []
+    for kind in ("tokens", "seconds", "share"):
+        vals = sorted(resume.get(kind, []))
+        if vals:
+            k = 100.0 if kind == "share" else 1.0
+            mean = sum(vals) / len(vals)
+            rrows.append([names[kind], len(vals), round(k * vals[0], 3), round(k * vals[len(vals) // 2], 3),
+                          round(k * mean, 3), round(k * vals[-1], 3)])
+    src = ("" if not rerun else f" ({len(rerun)} of {len(runs)} segments replayed again for this table, pearl "
+           "only, with the current code: " + ", ".join(rerun) + ")")
     md = ("## Table 3: reconfiguration costs observed in the PEARL runs (seconds)\n\n"
+          + f"Observed in the pearl runs of fig5{src}.\n\n"
           + markdown_table(["kind", "n", "min", "median", "max"], rows)
+          + "\n\nResumed requests (an interrupted request is resumed with its prompt plus the tokens already "
+          "generated; what the new worker's prefix cache does not hold is prefilled again; emulator "
+          "telemetry, `EmulatedEngine.resume_prefill`):\n\n"
+          + (markdown_table(["quantity", "n", "min", "median", "mean", "max"], rrows) if rrows
+             else "(no resume telemetry in these runs)")
           + "\n\nPaper: expansion preparation 56-67 s, finalization 11-18 s; activation ~6 s, "
           "deactivation 3.2-4.4 s; the extra prefill of a resumed request < 1% of a trajectory's "
-          "generation time.\n")
-    return _save(out, "table3", samples, md), samples
+          "generation time."
+          + (_reruns_markdown(rerun, fig5_results) if rerun else "") + "\n")
+    data: dict[str, Any] = dict(samples)
+    if resume:
+        data["resume_prefill"] = resume
+    return _save(out, "table3", data, md), data
 
 
 # ------------------------------------------------------------------------------------ all
+def _mtime(path: Path) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(path.stat().st_mtime))
+
+
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
                     workload: str = "paper", jobs: int = 1, systems: Sequence[str] | None = None) -> Path:
@@ -350,6 +438,7 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     parts: list[str] = []
+    stamps = ""
     f5 = None
     if which in ("fig5", "all"):
         md, f5 = fig5(out, trace, hours, quick, progress, workload, jobs, systems)
@@ -361,16 +450,18 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     if which in ("table2", "all"):
         parts.append(table2(out, quick, progress, workload, jobs)[0])
     if which in ("table3", "all"):
-        parts.append(table3(out, f5, quick, progress, workload)[0])
+        parts.append(table3(out, f5, quick, progress, workload, jobs, trace)[0])
     if which == "collect":  # rebuild the markdown from the tables already in ``out`` (no replays)
         f5p = out / ("fig5.json" if (out / "fig5.json").is_file() else "fig5.partial.json")
         if f5p.is_file():
             (out / "fig5.md").write_text(fig5_markdown(out, json.loads(f5p.read_text())))
         if (out / "table2.json").is_file():
             (out / "table2.md").write_text(table2_markdown(json.loads((out / "table2.json").read_text())))
-        parts = [(out / f"{n}.md").read_text() for n in ("fig5", "fig7", "fig8", "table2", "table3")
-                 if (out / f"{n}.md").is_file()]
-    how = ("tables collected from the last runs in " + str(out) if which == "collect"
+        names = [n for n in ("fig5", "fig7", "fig8", "table2", "table3") if (out / f"{n}.md").is_file()]
+        parts = [(out / f"{n}.md").read_text() for n in names]
+        stamps = ", ".join(f"{n} {_mtime(out / f'{n}.json')}" for n in names if (out / f"{n}.json").is_file())
+    how = (f"tables collected from the last runs in {out} (last run of each, UTC: {stamps}; tables from "
+           "different runs may come from different code states)" if which == "collect"
            else f"{time.perf_counter() - t0:.0f} s wall")
     text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments all --workload {workload}"
             f"{' --quick' if quick else ''}` (or one of fig5 | fig7 | fig8 | table2 | table3, then `collect`); "

@@ -30,6 +30,11 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
     cost_usd, cost_per_1k_trajectories   (PricesSpec; training GPUs paid for the whole segment)
     reconfigurations          counts by kind from the Elastic Scheduler
     reconfiguration_costs_s   observed seconds by kind (Table 3)
+    resume_prefill            the extra prefill of resumed requests (Table 3; emulator telemetry,
+                              ``EmulatedEngine.resume_prefill``): {"tokens": [...], "seconds":
+                              [...]} per resumed request (prompt tokens prefilled again, prefill
+                              s) and "share" per trajectory with a resumed request (that prefill
+                              / the trajectory's generation seconds)
     makespan_prediction_error median |predicted - observed| / observed over rollout batches:
                               predicted = the decision in force when the batch started,
                               observed = that batch's makespan in the emulator
@@ -221,6 +226,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
         "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
         "phase_split": engine.phase_split(),
+        "resume_prefill": engine.resume_prefill(),
     }
 
 
@@ -266,6 +272,8 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "cost_per_1k_trajectories": round(1000 * cost / done, 2) if done else None,
         "reconfigurations": dict(summ["reconfigurations"]),
         "reconfiguration_costs_s": raw["costs"],
+        "resume_prefill": {k: [round(x, 5 if k == "share" else 3) for x in v]
+                           for k, v in raw["resume_prefill"].items()},
         "makespan_prediction_error": (None if summ["makespan_prediction_error"] is None
                                       else round(summ["makespan_prediction_error"], 4)),
         "makespan_prediction_error_steady": _steady_error(raw)[0],

@@ -95,9 +95,13 @@ def test_hysteresis_is_mode_dependent(prof8b: Prof) -> None:
 
 def test_forced_switch_when_current_becomes_infeasible(prof8b: Prof) -> None:
     hw, wl = prof8b
-    d = decide(8, 96, hw, wl, PolicySpec(mode_switch_threshold=0.9, ratio_switch_threshold=0.9),
-               Allocation.disaggregated(4, 4))
-    assert d.forced and d.target != Allocation.disaggregated(4, 4) and "infeasible" in d.reason
+    pol = PolicySpec(mode_switch_threshold=0.9, ratio_switch_threshold=0.9)
+    table = decide(8, 96, hw, wl, pol).candidates
+    bad = [c.allocation for c in table if not c.feasible]
+    assert bad, "expected an infeasible split at batch 96 on 8 workers (too little prefill or KV)"
+    d = decide(8, 96, hw, wl, pol, bad[0])
+    assert d.forced and d.target != bad[0] and "infeasible" in d.reason
+    assert any(c.allocation == d.target and c.feasible for c in table)
 
 
 def test_budget_change_projects_the_current_ratio() -> None:

@@ -87,3 +87,31 @@ def test_colocation_sees_the_share_of_survivors_on_its_worker(prof8b: Prof) -> N
     st = Stages.of(wl)
     few, many = colocated_makespan(hw, st, wl, 64, np.array([8.0, 64.0]))
     assert few > many > 0
+
+
+def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
+    hw, wl = prof8b
+    recs = [r for i in range(10) for r in _traj(f"t{i}", 3, 10.0 + i)]
+    fitted = fit_workload(wl, recs)
+    # the 4 slowest whole trajectories, slowest first, each as its turns' (x, c, o, e) in order
+    assert len(fitted.tail_paths) == 4
+    assert fitted.tail_paths[0] == ((1000.0, 0.0, 100.0, 1.0), (200.0, 1800.0, 100.0, 1.0), (300.0, 2700.0, 100.0, 1.0))
+    assert fit_workload(wl, recs[:21]).tail_paths == ()  # too few whole trajectories
+
+    def pd(w: WorkloadProfile) -> float:
+        return float(disaggregated_makespan(hw, Stages.of(w), w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
+
+    short = ((5000.0, 0.0, 300.0, 1.0),) * 6
+    long = ((5000.0, 0.0, 600.0, 1.0),) * 6
+    slow_env = ((5000.0, 0.0, 300.0, 6.0), *short[1:])
+    one = replace(fitted, tail_paths=(short,))
+    both = replace(fitted, tail_paths=(short, long))
+    assert pd(both) == pytest.approx(max(pd(one), pd(replace(fitted, tail_paths=(long,))))) and pd(both) > pd(one)
+    # 5 s more environment time on the path's first turn: at least 5 s more (a stretched stage more)
+    assert pd(replace(fitted, tail_paths=(slow_env,))) >= pd(one) + 5.0 - 1e-9
+    # with paths, the split ignores the colocated tail factor; colocation still scales with it
+    assert pd(replace(one, tail_factor=1.5)) == pytest.approx(pd(one))
+    n = np.array([8.0])
+    c1 = colocated_makespan(hw, Stages.of(one), one, 64, n)[0]
+    c2 = colocated_makespan(hw, Stages.of(replace(one, tail_factor=1.5)), replace(one, tail_factor=1.5), 64, n)[0]
+    assert c2 > c1

@@ -56,7 +56,8 @@ def test_workload_prior_is_consistent(cfg8b: RunConfig) -> None:
     assert short.max_turns < wl.max_turns
 
 
-def synthetic(hw: HardwareProfile, scale_p: float, scale_f: float, scale_v: float, n: int) -> list[TelemetryRecord]:
+def synthetic(hw: HardwareProfile, scale_p: float, scale_f: float, scale_v: float, n: int,
+              mode: str = "disaggregated") -> list[TelemetryRecord]:
     out = []
     for i in range(n):
         prompt, cached, outp, conc = 2000 + 700 * i, 500 * i, 200 + 13 * i, 1 + (i % 16)
@@ -64,7 +65,7 @@ def synthetic(hw: HardwareProfile, scale_p: float, scale_f: float, scale_v: floa
         ctx = prompt + outp / 2
         dec = outp * (scale_f * hw.decode_fixed_s(conc) + scale_v * hw.decode_var_s(conc, ctx))
         out.append(TelemetryRecord(f"t{i}", 1 + i % 5, prompt, cached, outp, prefill_s=pre, decode_s=dec,
-                                   decode_concurrency=conc, env_s=2.0))
+                                   decode_concurrency=conc, env_s=2.0, mode=mode))
     return out
 
 
@@ -76,6 +77,16 @@ def test_fit_recovers_known_scales(prof30b: tuple[HardwareProfile, WorkloadProfi
     assert fit.b2 / hw.b2 == pytest.approx(2.5, rel=1e-6)
     half = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
     assert half.a1 / hw.a1 == pytest.approx(1.35, rel=1e-6)
+
+
+def test_colocated_decode_telemetry_calibrates_one_common_scale(prof30b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """Colocated records do not identify the fixed / per-sequence split: one scale, the median ratio."""
+    hw, _ = prof30b
+    recs = synthetic(hw, 1.0, 1.3, 1.3, 40, mode="colocated")
+    recs[5] = replace(recs[5], decode_s=recs[5].decode_s * 1.5)  # one noisy record moves no scale
+    fit = fit_hardware(hw, recs, alpha=1.0)
+    assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)
+    assert fit.b2 / hw.b2 == pytest.approx(1.3, rel=1e-6)
 
 
 def test_fit_is_robust_to_outliers_and_bad_records(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
@@ -111,3 +122,28 @@ def test_fit_workload_learns_turns_and_tokens(prof8b: tuple[HardwareProfile, Wor
     assert fit.survival[4] == 1.0 and fit.survival[5] == 0.5
     assert fit.output_tokens[0] == 100 and fit.env_s[3] == 1.0
     assert fit.k_seq == pytest.approx((5 * (5 * 1000 + 100) + 5 * (10 * 1000 + 100)) / 10)
+
+
+def test_prior_env_counts_test_runs_and_the_final_test(cfg8b: RunConfig) -> None:
+    w = cfg8b.workload
+    no_tests = WorkloadProfile.from_spec(w.model_copy(update={"test_run_prob": 0.0}))
+    wl = WorkloadProfile.from_spec(w)
+    e_tool, e_test = no_tests.env_s[0], wl.env_s[-1]
+    # the last reachable turn always ends the trajectory: it always runs the tests
+    assert e_test > 2 * e_tool
+    for k, (s, e) in enumerate(zip(wl.survival, wl.env_s, strict=True)):
+        s_next = wl.survival[k + 1] if k + 1 < wl.max_turns else 0.0
+        q = (s - s_next) / s + (s_next / s) * w.test_run_prob
+        assert e == pytest.approx((1 - q) * e_tool + q * e_test)
+    # without test runs only the hazard of ending adds test time
+    assert no_tests.env_s[0] == pytest.approx(e_tool) and wl.env_s[0] > e_tool
+
+
+def test_fit_workload_uses_means_of_skewed_turn_costs(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    _hw, wl0 = prof8b
+    # nine 1-s tool calls and one 11-s test run after turn 1; outputs 100 x 9 and 1000 x 1
+    recs = [TelemetryRecord(f"t{i}", 1, prompt_tokens=2500, cached_tokens=0, output_tokens=1000 if i == 0 else 100,
+                            env_s=11.0 if i == 0 else 1.0) for i in range(10)]
+    wl = fit_workload(wl0, recs, alpha=1.0)
+    assert wl.env_s[0] == pytest.approx(2.0)  # the mean (the median would say 1.0)
+    assert wl.output_tokens[0] == pytest.approx(190.0)

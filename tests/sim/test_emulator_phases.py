@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pearl.config import load_config
 from pearl.core.state import Role
-from pearl.engines.base import GenerateRequest, SamplingParams, ServerSpec
+from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams, ServerSpec
 from pearl.engines.emulated import EmulatedEngine
+from pearl.engines.resume import continuation_request
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.sim.presets import preset_overrides
 
@@ -46,3 +49,56 @@ def test_paper_preset_sets_the_calibrated_reuse_for_emulator_and_predictor_prior
     assert ov["emulator.prefix_reuse"] == ov["workload.prefix_cache_hit"] == 0.3
     cfg = load_config("qwen3-30b-a3b-h200", ov)
     assert cfg.emulator.prefix_reuse == 0.3
+
+
+def test_a_resumed_request_logs_its_extra_prefill() -> None:
+    """Interrupted after 2 s, resumed on another worker: its whole prompt (original + generated)
+    is prefilled again there (no prefix cache on the new worker) and logged as extra prefill."""
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
+        for w in ("w1", "w2"):
+            await eng.launch(ServerSpec(w, (w,), Role.COLOCATED, ""))
+        original = GenerateRequest("t7/1", tuple(range(1, 4001)), SamplingParams(500))
+        task = asyncio.get_running_loop().create_task(eng.generate("w1", original))
+        await clock.sleep(2.0)
+        await eng.abort("w1")
+        part = await task
+        resumed = continuation_request(original, [part], 1)
+        assert resumed is not None
+        rest = await eng.generate("w2", resumed)
+        await eng.close()
+        return eng, part, resumed, rest
+
+    eng, part, resumed, rest = run_virtual(main())
+    assert part.finish_reason is FinishReason.ABORT and 0 < len(part.output_ids) < 500
+    stats = eng.resume_prefill()
+    assert stats["tokens"] == [4000 + len(part.output_ids)] == [len(resumed.input_ids)]
+    assert stats["seconds"] == [pytest.approx(rest.timings.prefill_s)]
+    gen = part.timings.prefill_s + part.timings.decode_s + rest.timings.prefill_s + rest.timings.decode_s
+    assert stats["share"] == [pytest.approx(rest.timings.prefill_s / gen)]
+    assert 0 < stats["share"][0] < 0.5
+
+
+def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
+    """A PD request still prefilling on P is bound for D: aborting D (a borrowed decode worker
+    being returned) ends it now, instead of letting it hand off to D and decode to the end."""
+
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
+        await eng.launch(ServerSpec("p", ("p",), Role.PREFILL, ""))
+        await eng.launch(ServerSpec("d", ("d",), Role.DECODE, ""))
+        req = GenerateRequest("t1/1", tuple(range(1, 30_001)), SamplingParams(2000))
+        task = asyncio.get_running_loop().create_task(eng.generate_pd("p", "d", req))
+        await clock.sleep(0.05)  # inside the 30K-token prefill
+        assert eng.request_stages()["t1/1"] == ("prefill", ("p",))
+        t0 = clock.now()
+        await eng.abort("d")
+        res = await task
+        await eng.close()
+        return res, clock.now() - t0
+
+    res, waited = run_virtual(main())
+    assert res.finish_reason is FinishReason.ABORT and res.output_ids == ()
+    assert waited < 0.01

@@ -26,6 +26,24 @@ def test_table3_aggregates_observed_costs(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "table3.json").read_text()) == samples
 
 
+def test_table3_reports_resume_prefill_and_reuses_saved_pearl_replays(tmp_path: Path) -> None:
+    seg = {"label": "abundant", "start_hour": 3.25, "hours": 2.0}
+    fig5 = {"qwen3-8b/abundant": {"segment": seg, "systems": {
+        "pearl": {"reconfiguration_costs_s": {"activation": [6.0]}, "trajectories_per_hour": 100.0},
+        "roll": {"trajectories_per_hour": 50.0}}}}
+    pearl = {"reconfiguration_costs_s": {"activation": [5.5]}, "trajectories_per_hour": 120.0,
+             "reconfigurations": {"mode_switch": 2, "borrow": 3},
+             "resume_prefill": {"tokens": [12000, 20000], "seconds": [1.0, 3.0], "share": [0.01, 0.03]}}
+    (tmp_path / "table3.pearl_runs.json").write_text(
+        json.dumps({"qwen3-8b/abundant": {"segment": seg, "systems": {"pearl": pearl}}}))
+    # a replay would fail on this trace: the saved one for the same segment is used instead
+    md, data = table3(tmp_path, fig5, trace=str(tmp_path / "missing.json"))
+    assert data["activation"] == [5.5]  # the replayed pearl run replaces the old one
+    assert data["resume_prefill"] == {"tokens": [12000, 20000], "seconds": [1.0, 3.0], "share": [0.01, 0.03]}
+    assert "| extra prefill of a resumed request (s) | 2 | 1 | 3 | 2 | 3 |" in md
+    assert "| qwen3-8b/abundant | 120 | 2.400 |" in md
+
+
 def test_presets_load() -> None:
     for name in PRESETS:
         cfg = load_config("qwen3-8b-h200", preset_overrides(name) or None)
