@@ -25,7 +25,11 @@ Start-up (the torchrun environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``
     2. rendezvous through the group's TCP store (key prefix ``pearl/``): rank 0 publishes a fresh
        internal token for the agents, every rank publishes its agent's URL;
     3. rank 0 builds the ``RemoteEngine`` (GPU -> node from the cluster table: node ``node<r>`` is
-       rank ``r``) and starts the service; the other ranks serve their agent.
+       rank ``r``) and starts the service; the other ranks serve their agent. If any agent's engine
+       cannot split a PD pair across nodes (``split_pd: false``: emulated, SGLang here), the router
+       pairs prefill and decode workers on one node only (``Service(pd_pair_node=...)``). A restart
+       on the same ``output_dir`` resumes the journal and the trainer's last checkpoint
+       (``Service``; the agents' trainer ranks start with ``--resume``).
 
 Shutdown (SIGTERM / SIGINT on any rank, or the run finishing on rank 0)::
 
@@ -252,8 +256,13 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
             if remote:
                 remote[0].mark_node_dead(node, reason)
 
+        def back_early(node: str) -> None:  # ... and a node that answers again may be launched on again
+            if remote:
+                remote[0].mark_node_alive(node)
+
         a = cfg.admin
         watcher = AgentWatcher({n: c.health for n, c in clients.items()}, clock, on_dead=lost_early,
+                               on_alive=back_early,
                                period_s=a.agent_health_period_s, timeout_s=a.agent_health_timeout_s,
                                max_misses=a.agent_health_misses)
         for n, h in first.items():
@@ -262,10 +271,12 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
         async def nodes() -> list[dict[str, object]]:
             return watcher.view()  # the watcher's last poll: the admin API never polls agents itself
 
-        service = Service(cfg, clock, engine_factory=make_remote,  # type: ignore[arg-type]
+        service = Service(cfg, clock, engine_factory=make_remote,
                           host=args.host, port=args.port, nodes=nodes, live=args.live, journal=not args.no_journal,
                           initial_state=state, steps=args.steps,
-                          trainer_factory=_agent_trainer(cfg, state, clients, urls, env.world_size))
+                          trainer_factory=_agent_trainer(cfg, state, clients, urls, env.world_size),
+                          pd_pair_node=None if all(h.get("split_pd") for h in first.values())
+                          else lambda w: remote[0].node_of_worker(w))
         rc = 0
         try:
             watcher.start()  # from the first launch on: a node lost during start-up fails over too
@@ -304,12 +315,14 @@ def _agent_trainer(cfg: RunConfig, state: ClusterState, clients: dict[str, Agent
     threads = max(1, (os.cpu_count() or 1) // busiest)  # nodes are alike: this host's cores stand for theirs
     work_dir = (Path(cfg.output_dir) / "trainer").resolve()  # on a shared filesystem on a cluster
 
-    def make(model_path: Path, controller: object, on_event: Callable[..., object]) -> AgentTrainerClient:
-        log.info("trainer: %d rank(s) on %s", len(placements), ", ".join(f"{p.rank}@{p.node}" for p in placements))
+    def make(model_path: Path, controller: object, on_event: Callable[..., object],
+             resume: bool) -> AgentTrainerClient:
+        log.info("trainer: %d rank(s) on %s%s", len(placements), ", ".join(f"{p.rank}@{p.node}" for p in placements),
+                 " (resuming from the latest checkpoint)" if resume else "")
         return AgentTrainerClient(placements, clients, hosts, model_path, work_dir, cfg.train,
                                   cfg.policy.max_staleness, on_event,  # type: ignore[arg-type]
                                   device="cuda" if cfg.train.backend == "nccl" else "cpu", threads_per_rank=threads,
-                                  release_when_idle=lends_training_gpus(cfg))
+                                  release_when_idle=lends_training_gpus(cfg), resume=resume)
 
     return make
 

@@ -34,7 +34,9 @@ Life cycle::
 
 Journal: ``output_dir/journal.sqlite`` (``--no-journal`` to keep none). Starting again with the same
 ``output_dir`` resumes: completed trajectories are not generated again and partial outputs are
-replayed (``pearl.runtime.journal``).
+replayed (``pearl.runtime.journal``); with real engines training continues from the trainer's latest
+checkpoint under ``output_dir/trainer`` and the workers start on its snapshot
+(``pearl.runtime.train_loop.resume_point``; ``Service.resumed_from``).
 """
 
 from __future__ import annotations
@@ -61,16 +63,18 @@ from pearl.obs.observer import RunObserver
 from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.controller import Controller
 from pearl.runtime.journal import Journal
-from pearl.runtime.train_loop import StepRecord, lends_training_gpus, train_loop
+from pearl.runtime.train_loop import ResumeError, StepRecord, lends_training_gpus, resume_point, train_loop
+from pearl.runtime.weights import SnapshotRef
 from pearl.sim.agents import SyntheticSessionFactory
 from pearl.sim.trainer import EmulatedTrainer
 
 log = logging.getLogger("pearl.serve")
 
 EngineFactory = Callable[[Callable[[str], str]], InferenceEngine]
-#: (model folder, the controller, the event sink for TrainingStarted/Finished) -> a trainer with
-#: ``start``, ``close``, ``version`` and ``train_step`` (``pearl.train.client.TrainerClient``'s API)
-TrainerFactory = Callable[[Path, Controller, Callable[[Any], Awaitable[None]]], Any]
+#: (model folder, the controller, the event sink for TrainingStarted/Finished, resume) -> a trainer
+#: with ``start``, ``close``, ``version`` and ``train_step`` (``pearl.train.client.TrainerClient``'s
+#: API); ``resume``: its ranks continue from the latest checkpoint of ``output_dir/trainer``
+TrainerFactory = Callable[[Path, Controller, Callable[[Any], Awaitable[None]], bool], Any]
 
 
 def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
@@ -112,16 +116,17 @@ def make_local_engine(cfg: RunConfig, clock: Clock, run_dir: Path) -> InferenceE
     from pearl.engines.devicemap import DeviceMappedEngine
     from pearl.run import make_engine
 
-    return DeviceMappedEngine(make_engine(cfg, run_dir / "servers"), cfg.engine.device_map)  # type: ignore[return-value]
+    return DeviceMappedEngine(make_engine(cfg, run_dir / "servers"), cfg.engine.device_map)
 
 
 def local_trainer(cfg: RunConfig, run_dir: Path) -> TrainerFactory:
     """Trainer ranks as child processes of this process (``pearl serve``, ``pearl run``)."""
     from pearl.train.client import TrainerClient
 
-    def make(model_path: Path, controller: Controller, on_event: Callable[[Any], Awaitable[None]]) -> Any:
+    def make(model_path: Path, controller: Controller, on_event: Callable[[Any], Awaitable[None]],
+             resume: bool) -> Any:
         return TrainerClient(model_path, run_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
-                             device="cuda" if cfg.train.backend == "nccl" else "cpu",
+                             resume=resume, device="cuda" if cfg.train.backend == "nccl" else "cpu",
                              release_when_idle=lends_training_gpus(cfg))
 
     return make
@@ -132,7 +137,8 @@ class Service:
                  host: str | None = None, port: int | None = None, nodes: NodesProvider | None = None,
                  live: bool = False, env: dict[str, str] | None = None,
                  initial_state: ClusterState | None = None, journal: bool = True,
-                 trainer_factory: TrainerFactory | None = None, steps: int | None = None) -> None:
+                 trainer_factory: TrainerFactory | None = None, steps: int | None = None,
+                 pd_pair_node: Callable[[str], str] | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
         self.run_dir = Path(cfg.output_dir)
@@ -151,8 +157,13 @@ class Service:
         self.real = cfg.engine.kind != "emulated"
         self._trainer_factory = trainer_factory
         self.steps = steps
+        #: worker -> node, when the engine cannot split a PD pair across nodes: the router then pairs
+        #: prefill and decode workers on one node (``pearl.runtime.pipeline.Router.pair_node``)
+        self._pd_pair_node = pd_pair_node
         self.steps_done: list[StepRecord] = []
         self._train_task: asyncio.Task[list[StepRecord]] | None = None
+        #: real engines: the checkpointed snapshot a restarted run continues from (None: base model)
+        self.resumed_from: SnapshotRef | None = None
         self.aborted_at_stop = 0
         self.admin: AdminServer | None = None
         self.observer: RunObserver | None = None
@@ -175,12 +186,14 @@ class Service:
             self.controller, self.trainer = build_controller(self.cfg, self.clock, self.engine, self.initial_state,
                                                              self._on_batch, self.journal)
         assert self.controller is not None
+        self.controller.pipeline.router.pair_node = self._pd_pair_node
         # the admin server is built first: a bad listen address must fail before any work starts
         self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
                                  nodes=self._nodes)
         if self.real:
             log.info("starting the trainer ranks and the initial inference workers ...")
             await asyncio.gather(self.trainer.start(), self.controller.start())
+            self._check_resumed()
             self._train_task = asyncio.get_running_loop().create_task(
                 train_loop(self.controller, self.trainer, registry, self.steps, records=self.steps_done,
                            note_batch=self._on_batch, on_step=self._log_step, now=self.clock.now),
@@ -204,9 +217,14 @@ class Service:
         self.cfg = self.cfg.model_copy(update={"model": self.cfg.model.model_copy(update={"path": str(model_path)})})
         suite = await build_suite(self.cfg.env)
         factory = make_session_factory(suite, load_tokenizer(model_path), self.cfg)
-        registry = WeightRegistry()
+        # a restart on the same output_dir (journal kept) continues from the trainer's last checkpoint:
+        # the workers start on its snapshot and the registry holds it (pearl.runtime.train_loop)
+        resume = resume_point(self.run_dir / "trainer") if self.journal_path is not None else None
+        self.resumed_from = resume
+        registry = WeightRegistry((resume,) if resume is not None else ())
+        initial = (resume.version, resume.path) if resume is not None else (0, str(model_path))
         controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
-                                initial_state=self.initial_state, initial_weights=(0, str(model_path)),
+                                initial_state=self.initial_state, initial_weights=initial,
                                 registry=registry, journal=self.journal)
         self.controller = controller
 
@@ -214,10 +232,18 @@ class Service:
             await controller.notify(ev)
 
         make = self._trainer_factory or local_trainer(self.cfg, self.run_dir)
-        self.trainer = make(model_path, controller, on_event)
-        log.info("real-engine run: model %s (%s), env %s, batch %d, %s training steps", self.cfg.model.name,
-                 model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited")
+        self.trainer = make(model_path, controller, on_event, resume is not None)
+        log.info("real-engine run: model %s (%s), env %s, batch %d, %s training steps%s", self.cfg.model.name,
+                 model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited",
+                 f", resuming at policy v{resume.version} ({resume.path})" if resume is not None else "")
         return registry
+
+    def _check_resumed(self) -> None:
+        """The trainer ranks must stand at the version the workers were started with."""
+        want = self.resumed_from.version if self.resumed_from is not None else 0
+        if self.trainer.version != want:
+            raise ResumeError(f"the trainer ranks started at version {self.trainer.version}, the serving workers "
+                              f"at v{want}: a checkpoint under {self.run_dir / 'trainer'} changed during start-up")
 
     def _log_step(self, rec: StepRecord) -> None:
         log.info("train step %d: %d trajectories, mean reward %.3f, train %.1f s, weight sync %.1f s, policy v%d",
@@ -317,7 +343,7 @@ def _serve_cmd(args: argparse.Namespace) -> int:
     except AdminSecurityError as e:
         print(f"pearl serve: {e}", file=sys.stderr)
         return 2
-    except RunError as e:  # a real-engine run that cannot be set up (no weights, ...)
+    except (RunError, ResumeError) as e:  # a real-engine run that cannot be set up (no weights, ...)
         print(f"pearl serve: error: {e}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,8 @@ line goes through ``POST /agent/v1/children/trainer-<r>/send`` (one line out, on
 Life cycle::
 
     client = AgentTrainerClient(placements, model_path, work_dir, spec, max_staleness, on_event)
-    await client.start()      rank 0's agent picks a free port for the trainer group's rendezvous
+    await client.start()      (``resume=True``: every rank continues from the latest checkpoint under
+                              ``work_dir``, as ``TrainerClient``'s) rank 0's agent picks a free port for the trainer group's rendezvous
                               (``POST /agent/v1/free-port``); every rank is started concurrently with
                               RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR (rank 0's agent host) /
                               MASTER_PORT and awaited until its "ready" line
@@ -96,8 +97,8 @@ class AgentTrainerClient(TrainerClient):
                  agent_hosts: Mapping[str, str], model_path: str | Path, work_dir: str | Path, spec: TrainSpec,
                  max_staleness: int, on_event: EventSink | None = None, *, device: str = "cpu",
                  threads_per_rank: int = 1, start_timeout_s: float = _START_TIMEOUT_S,
-                 release_when_idle: bool = False) -> None:
-        super().__init__(model_path, work_dir, spec, max_staleness, on_event, device=device,
+                 release_when_idle: bool = False, resume: bool = False) -> None:
+        super().__init__(model_path, work_dir, spec, max_staleness, on_event, resume=resume, device=device,
                          threads_per_rank=threads_per_rank, release_when_idle=release_when_idle)
         if len(placements) != spec.world_size:
             raise ValueError(f"{len(placements)} placements for train.world_size={spec.world_size}")
@@ -130,7 +131,7 @@ class AgentTrainerClient(TrainerClient):
             if p.gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = p.gpu
             args = ["--model", self.model_path, "--work-dir", str(self.work_dir), "--spec", self.spec.model_dump_json(),
-                    "--device", self._device]
+                    "--device", self._device, *(["--resume"] if self._resume else [])]
             ranks.append(_AgentRank(p.rank, p.node, f"trainer-{p.rank}", self._agents[p.node]))
             bodies.append({"module": "pearl.train.trainer", "args": args, "env": env,
                            "first_line_timeout_s": self._start_timeout_s})

@@ -24,6 +24,11 @@ Colocated when a colocated worker exists; otherwise a (prefill, decode) pair. Le
 the trajectory's previous turn holds its prefix cache, so it is kept while its load is within
 ``affinity_slack`` of the least-loaded worker (as SGLang's cache-aware router does with its
 balance threshold). When nothing is dispatchable a turn waits for the next topology change.
+Same-node pairs: engines that cannot split a PD pair across nodes (the emulated engine, SGLang in
+this build: they answer ``KVTransferError``) set ``Router.pair_node`` (worker -> node); a pair is
+then the least-loaded prefill (with affinity) and the least-loaded decode *on its node*, else the
+next prefill by load whose node has a decode; with no same-node pair a PD turn waits for a topology
+change (logged once per change), as when nothing is dispatchable.
 
 Interruption: ``evict(worker_id)`` stops dispatch to a worker and aborts its in-flight requests;
 each returns ``finish_reason=abort`` with its partial output, which the turn keeps and resumes
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -59,6 +65,8 @@ from pearl.engines.resume import continuation_request, generated_tokens, merge_p
 from pearl.runtime.agent import AgentSession, EpisodeEnd, SessionFactory, SessionSpec, TurnInput
 from pearl.runtime.clock import Clock
 from pearl.runtime.tracker import RuntimeTracker
+
+log = logging.getLogger("pearl.pipeline")
 
 
 # ------------------------------------------------------------------------------------ context
@@ -142,6 +150,9 @@ class Router:
         self.load: dict[str, int] = {}
         self._changed = asyncio.Event()
         self.paused = False
+        #: worker -> node; set when prefill and decode of a pair must share a node (module docstring)
+        self.pair_node: Callable[[str], str] | None = None
+        self._warned_unpaired = False
 
     @property
     def workers(self) -> Mapping[str, Role]:
@@ -165,29 +176,64 @@ class Router:
             self._notify()
 
     def _notify(self) -> None:
+        self._warned_unpaired = False
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _least(self, role: Role, prefer: str) -> str | None:
+    def _least(self, role: Role, prefer: str, node: str | None = None) -> str | None:
         best, best_load = None, 0
         for w, r in self._roles.items():
-            if r is not role:
+            if r is not role or (node is not None and self._node(w) != node):
                 continue
             ld = self.load.get(w, 0)
             if best is None or ld < best_load or (ld == best_load and w < best):
                 best, best_load = w, ld
         if best is not None and prefer in self._roles and self._roles[prefer] is role and \
+                (node is None or self._node(prefer) == node) and \
                 self.load.get(prefer, 0) <= best_load + self.affinity_slack:
             return prefer
         return best
+
+    def _node(self, worker_id: str) -> str:
+        """The worker's node; a worker whose node cannot be told pairs with nothing."""
+        assert self.pair_node is not None
+        try:
+            return self.pair_node(worker_id)
+        except Exception:  # e.g. a worker the engine no longer knows: never paired
+            return f"?{worker_id}"
+
+    def _pair(self, prefer: str) -> Route | None:
+        p = self._least(Role.PREFILL, prefer)
+        if p is None:
+            return None
+        if self.pair_node is None:
+            d = self._least(Role.DECODE, "")
+            return Route(p, d) if d is not None else None
+        prefills = sorted((w for w, r in self._roles.items() if r is Role.PREFILL and w != p),
+                          key=lambda w: (self.load.get(w, 0), w))
+        for q in (p, *prefills):
+            d = self._least(Role.DECODE, "", node=self._node(q))
+            if d is not None:
+                return Route(q, d)
+        return None
+
+    def _warn_unpaired(self) -> None:
+        roles = set(self._roles.values())
+        if self._warned_unpaired or Role.PREFILL not in roles or Role.DECODE not in roles:
+            return
+        self._warned_unpaired = True
+        log.warning("no prefill and decode worker share a node and this engine cannot pair them across "
+                    "nodes: PD turns wait for a topology change (prefills %s, decodes %s)",
+                    {w: self._node(w) for w, r in self._roles.items() if r is Role.PREFILL},
+                    {w: self._node(w) for w, r in self._roles.items() if r is Role.DECODE})
 
     def pick(self, prefer: str = "") -> Route | None:
         if self.paused:
             return None
         c = self._least(Role.COLOCATED, prefer)
-        p = self._least(Role.PREFILL, prefer)
-        d = self._least(Role.DECODE, "")
-        pd = Route(p, d) if p is not None and d is not None else None
+        pd = self._pair(prefer)
+        if c is None and pd is None and self.pair_node is not None:
+            self._warn_unpaired()
         if c is not None and (pd is None or self.load[c] <= max(self.load[pd.worker], self.load[pd.decode])):
             return Route(c)
         return pd

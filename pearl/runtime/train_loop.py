@@ -17,17 +17,65 @@ One iteration (one training step)::
 with ranks run by node agents). The loop ends after ``steps`` steps (``None``: until cancelled);
 ``records`` is the caller's list, appended to as steps complete, so a cancelled loop (SIGTERM on the
 service) loses none of the steps it finished. Times are read from the injected ``now``.
+
+Restart (``resume_point``): a service started again on the same ``output_dir`` continues training
+from the trainer's latest complete checkpoint ``<work_dir>/checkpoints/step-<s>`` instead of the
+base model: the trainer ranks start with ``--resume`` (they load model, optimizer, step and RNG of
+step ``s``), the serving workers load snapshot ``<work_dir>/snapshots/v<s>`` (written in the same
+update as the checkpoint) as their initial weights, and the weight registry starts with that
+snapshot, so the next update publishes ``v<s+1>``. Snapshots newer than ``s`` (written by an update
+whose checkpoint was skipped, ``train.checkpoint_every`` > 1) are superseded: the resumed trainer
+writes them again.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pearl.core.trajectory import TrajectoryRecord
+from pearl.runtime.weights import META_FILE, WEIGHTS_FILE, SnapshotRef
+
+log = logging.getLogger("pearl.train_loop")
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint exists but the run cannot continue from it; the message says why and what to do."""
+
+
+def resume_point(work_dir: Path) -> SnapshotRef | None:
+    """The snapshot to continue from: the one of the trainer's latest complete checkpoint under
+    ``work_dir`` (``pearl.train.trainer.latest_checkpoint``), or None when there is no checkpoint
+    (a fresh run). Raises ``ResumeError`` when the checkpoint's snapshot folder is missing."""
+    ckpts = work_dir / "checkpoints"
+    if not ckpts.is_dir():
+        return None
+    from pearl.train.trainer import latest_checkpoint  # imports torch: only when there is something to resume
+
+    ck = latest_checkpoint(ckpts)
+    if ck is None:
+        return None
+    step = int(ck.name.removeprefix("step-"))
+    snap = work_dir / "snapshots" / f"v{step}"
+    if not (snap / WEIGHTS_FILE).is_file() or not (snap / META_FILE).is_file():
+        raise ResumeError(f"trainer checkpoint {ck} has no weight snapshot {snap} for the serving workers; "
+                          f"restore that folder, or move {work_dir} away to start training from the base model")
+    ref = SnapshotRef.from_dict(json.loads((snap / META_FILE).read_text()))
+    if ref.version != step:
+        raise ResumeError(f"snapshot {snap} says version {ref.version}, its checkpoint {ck} step {step}: "
+                          f"the folder was overwritten; move {work_dir} away to start from the base model")
+    newer = sorted(int(d.name[1:]) for d in (work_dir / "snapshots").glob("v*")
+                   if d.name[1:].isdigit() and int(d.name[1:]) > step)
+    if newer:
+        log.warning("resuming at checkpoint step %d: snapshot(s) %s had no checkpoint and will be written again",
+                    step, newer)
+    return ref
 
 
 @dataclass

@@ -191,3 +191,35 @@ def test_trainer_placement() -> None:
     # no training GPUs (a CPU demo): every rank on the last node, no device pinned
     cpu = ClusterState.build([Gpu("r0", Zone.RESERVED, "node0")])
     assert trainer_placement(cpu, 2, ["node0", "node1"], 1) == [RankPlacement(0, "node1"), RankPlacement(1, "node1")]
+
+
+async def test_agent_trainer_client_resumes_every_rank_from_the_checkpoint(tmp_path) -> None:
+    """``AgentTrainerClient(resume=True)`` starts each rank with ``--resume`` and takes the step the
+    ranks report (a fake agent answers as ``pearl.train.trainer`` does after loading checkpoint 3)."""
+    from pearl.config import TrainSpec
+    from pearl.runtime.agent_trainer import AgentTrainerClient
+
+    class Agent:
+        def __init__(self) -> None:
+            self.posts: list[tuple[str, dict[str, Any]]] = []
+
+        async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.posts.append((path, body))
+            if path.endswith("/free-port"):
+                return {"port": 29999}
+            if path.endswith("/start"):
+                return {"first": {"ok": True, "ready": True, "step": 3, "version": 3,
+                                  "resumed_from": str(tmp_path / "checkpoints" / "step-000003")}}
+            return {"returncode": 0}
+
+    spec = TrainSpec(world_size=2)
+    for resume in (True, False):
+        agents = {"node0": Agent(), "node1": Agent()}
+        client = AgentTrainerClient([RankPlacement(0, "node0"), RankPlacement(1, "node1")], agents,  # type: ignore[arg-type]
+                                    {"node0": "10.0.0.1", "node1": "10.0.0.2"}, "/m", tmp_path, spec, 1,
+                                    resume=resume)
+        await client.start()
+        starts = [b for a in agents.values() for p, b in a.posts if p.endswith("/start")]
+        assert len(starts) == 2 and all(("--resume" in b["args"]) is resume for b in starts)
+        assert client.version == 3 and str(client.setup_info["resumed_from"]).endswith("step-000003")
+        await client.close()

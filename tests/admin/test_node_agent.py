@@ -233,3 +233,52 @@ async def test_cross_node_pd_runs_each_half_on_its_node() -> None:
     finally:
         for a in agents.values():
             await a.close()
+
+
+async def test_router_pairs_prefill_and_decode_on_one_node_for_engines_without_split_pd(
+        remote, caplog: pytest.LogCaptureFixture) -> None:
+    """Two nodes, each with a prefill and a decode worker of the emulated engine (no split PD). The
+    router without ``pair_node`` picks a cross-node pair, which the engine refuses; with it, every
+    pair it hands out - under load and affinity - shares a node and generates."""
+    from pearl.runtime.pipeline import Route, Router
+
+    eng, _agents = remote
+    for wid, dev, role in [("p0", "n0-g0", Role.PREFILL), ("d0", "n0-g1", Role.DECODE),
+                           ("p1", "n1-g0", Role.PREFILL), ("d1", "n1-g1", Role.DECODE)]:
+        await eng.launch(ServerSpec(wid, (dev,), role, weights="v0"))
+    clock = LoopClock()
+    plain = Router()
+    for w, role in [("p0", Role.PREFILL), ("d0", Role.DECODE), ("p1", Role.PREFILL), ("d1", Role.DECODE)]:
+        plain.admit(w, role)
+    plain.load.update({"p0": 0, "d0": 5, "p1": 3, "d1": 0})  # least-loaded prefill and decode differ in node
+    cross = plain.pick()
+    assert cross == Route("p0", "d1")
+    with pytest.raises(KVTransferError, match="keep this pair on one node"):
+        await eng.generate_pd(cross.worker, cross.decode, req("t/x#0"))
+
+    router = Router()
+    router.pair_node = eng.node_of_worker
+    for w, role in [("p0", Role.PREFILL), ("d0", Role.DECODE), ("p1", Role.PREFILL), ("d1", Role.DECODE)]:
+        router.admit(w, role)
+    router.load.update({"p0": 0, "d0": 5, "p1": 3, "d1": 0})
+    assert router.pick() == Route("p0", "d0")  # the decode on p0's node, though busier
+    assert router.pick(prefer="p1") == Route("p1", "d1")  # affinity keeps p1 (within the slack)
+    router.remove("d0")
+    assert router.pick() == Route("p1", "d1")  # p0's node has no decode left: the next prefill by load
+    router.admit("d0", Role.DECODE)
+    routes = [await router.acquire(clock, prefer="p0" if i % 3 else "") for i in range(12)]
+    assert {r.worker for r in routes} == {"p0", "p1"}  # load spreads over both nodes
+    assert all(eng.node_of_worker(r.worker) == eng.node_of_worker(r.decode) for r in routes)
+    results = [await eng.generate_pd(r.worker, r.decode, req(f"t/{i}#0")) for i, r in enumerate(routes)]
+    assert all(len(x.output_ids) == 8 for x in results)
+    for r in routes:
+        router.release(r)
+    assert router.load == {"p0": 0, "d0": 5, "p1": 3, "d1": 0}
+
+    # nothing pairs on one node: no route (the turn waits for a topology change), never a cross pair
+    router.remove("d0")
+    router.remove("p1")
+    with caplog.at_level("WARNING", logger="pearl.pipeline"):
+        assert router.pick() is None and router.pick() is None
+    warned = [r.getMessage() for r in caplog.records if "share a node" in r.getMessage()]
+    assert len(warned) == 1 and "'p0': 'node0'" in warned[0] and "'d1': 'node1'" in warned[0]  # once per change
