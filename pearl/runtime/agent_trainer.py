@@ -150,17 +150,7 @@ class AgentTrainerClient(TrainerClient):
                                    f"{reply.get('traceback', '')}")
             return dict(reply)
 
-        try:
-            replies = await asyncio.gather(*(one(rk, b) for rk, b in zip(ranks, bodies, strict=True)))
-        except BaseException:
-            await self._kill()
-            raise
-        steps = {int(r["step"]) for r in replies}
-        if len(steps) != 1:
-            await self._kill()
-            raise TrainerError(f"ranks resumed at different steps {sorted(steps)}; check {self.work_dir}/checkpoints")
-        self.step = steps.pop()
-        self.setup_info = replies[0]
+        await self._await_ready(asyncio.gather(*(one(rk, b) for rk, b in zip(ranks, bodies, strict=True))))
 
     async def _send(self, rk: Any, msg: dict[str, Any]) -> None:
         rk.pending = msg

@@ -166,17 +166,22 @@ class TrainerClient:
                     env=env, limit=_READ_LIMIT, preexec_fn=die_with_parent,
                 )
             self._ranks.append(_Rank(r, proc, log))
+        await self._await_ready(asyncio.gather(*(self._read(rk) for rk in self._ranks)))
+
+    async def _await_ready(self, replies: Awaitable[list[dict[str, Any]]]) -> None:
+        """Await every rank's "ready" reply (any failure stops them all); the ranks must have
+        resumed at the same step, which becomes this client's step."""
         try:
-            replies = await asyncio.gather(*(self._read(rk) for rk in self._ranks))
+            ready = await replies
         except BaseException:
             await self._kill()
             raise
-        steps = {int(r["step"]) for r in replies}
+        steps = {int(r["step"]) for r in ready}
         if len(steps) != 1:
             await self._kill()
             raise TrainerError(f"ranks resumed at different steps {sorted(steps)}; check {self.work_dir}/checkpoints")
         self.step = steps.pop()
-        self.setup_info = replies[0]
+        self.setup_info = ready[0]
 
     async def close(self) -> None:
         """Ask every rank to shut down; terminate any that does not exit within 30 s."""
