@@ -335,14 +335,15 @@ async def _until_signal(coro: Any) -> Any:
 
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
+    handles_signals = sys.platform != "win32"  # Windows event loops have no add_signal_handler
+    if handles_signals:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
         return await task
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
     finally:
-        with contextlib.suppress(NotImplementedError):
+        if handles_signals:
             loop.remove_signal_handler(signal.SIGTERM)
 
 

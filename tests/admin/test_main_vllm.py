@@ -13,14 +13,14 @@ with exit 0.
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 
-from tests.admin.test_service import ROOT, Proc, free_port, get, progress_until, spawn
+from pearl.models import ensure_models
+from tests.admin.test_service import ROOT, Proc, free_port, get, progress_until, spawn_ranks
 from tests.conftest import MODELS_DIR
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -44,17 +44,12 @@ def vllm_config(tmp: Path) -> Path:
 
 @pytest.mark.timeout(1200)
 async def test_two_ranks_real_vllm_cross_node_pd_trainer_then_sigterm(tmp_path: Path) -> None:
-    if not (MODELS_DIR / "tiny-qwen3" / "config.json").is_file():
-        pytest.skip("tiny-qwen3 not built: python -m pearl.models build --out .models")
+    ensure_models(MODELS_DIR, ("tiny-qwen3",))  # built by `make test` already; ~3 s otherwise
     cfg = vllm_config(tmp_path)
-    port, master = free_port(), free_port()
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)}
+    port = free_port()
     procs: list[Proc] = []
     try:
-        for rank in (0, 1):
-            procs.append(await spawn(sys.executable, "pearl/main.py", "--config", str(cfg), "--port", str(port),
-                                     env={**env, "RANK": str(rank), "LOCAL_RANK": "0"}))
-        rank0, rank1 = procs
+        rank0, rank1 = await spawn_ranks(cfg, port, procs)
         await rank0.wait_line("PEARL serving on 2 node(s)", timeout_s=900)
         url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as http:

@@ -109,11 +109,10 @@ def test_wire_round_trips() -> None:
 @pytest.mark.slow
 async def test_agent_runs_a_real_trainer_rank(remote, tmp_path) -> None:
     """The agent launches ``pearl.train.trainer`` (tiny Qwen3, one rank) and relays its line protocol."""
+    from pearl.models import ensure_models
     from tests.conftest import MODELS_DIR
 
-    model = MODELS_DIR / "tiny-qwen3"
-    if not (model / "config.json").is_file():
-        pytest.skip("tiny-qwen3 not built: python -m pearl.models build --out .models")
+    model = ensure_models(MODELS_DIR, ("tiny-qwen3",))["tiny-qwen3"]  # ~3 s if `make test` has not built it
     _, agents = remote
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
            "OMP_NUM_THREADS": "1"}

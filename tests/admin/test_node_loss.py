@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.admin.test_service import AUTH, Proc, free_port, get, progress_until, spawn, write_config
+from tests.admin.test_service import AUTH, Proc, free_port, get, progress_until, spawn_ranks, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +58,8 @@ async def test_killed_rank1_is_lost_and_its_gpu_reclaimed_with_nothing_lost(tmp_
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["admin"].update(agent_health_period_s=1.0, agent_health_timeout_s=10.0, agent_health_misses=3)
     cfg_path.write_text(yaml.safe_dump(cfg))
-    port, master = free_port(), free_port()
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)}
-    for rank in (0, 1):
-        procs.append(await spawn(sys.executable, "pearl/main.py", "--config", str(cfg_path), "--port", str(port),
-                                 env={**env, "RANK": str(rank), "LOCAL_RANK": "0"}))
-    rank0, rank1 = procs
+    port = free_port()
+    rank0, rank1 = await spawn_ranks(cfg_path, port, procs)
     await rank0.wait_line("PEARL serving on 2 node(s)", timeout_s=600)
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:

@@ -105,6 +105,16 @@ async def spawn(*args: str, env: dict[str, str]) -> Proc:
     return Proc(proc)
 
 
+async def spawn_ranks(cfg: Path, port: int, procs: list[Proc], world: int = 2) -> list[Proc]:
+    """Start ``world`` ranks of ``pearl/main.py`` on loopback (rank 0 serves the admin API on
+    ``port``); each is appended to ``procs`` as it starts, so the caller's cleanup stops them all."""
+    env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for rank in range(world):
+        procs.append(await spawn(sys.executable, "pearl/main.py", "--config", str(cfg), "--port", str(port),
+                                 env={**env, "RANK": str(rank), "LOCAL_RANK": "0"}))
+    return procs[-world:]
+
+
 async def get(http: aiohttp.ClientSession, url: str, **kw: Any) -> tuple[int, Any]:
     async with http.get(url, headers=kw.get("headers", AUTH)) as r:
         return r.status, await r.json()
@@ -183,12 +193,8 @@ async def test_two_ranks_on_loopback_then_sigterm_rank0(tmp_path: Path, procs: l
     data = yaml.safe_load(cfg.read_text())
     data["admin"]["agent_health_timeout_s"] = 60.0
     cfg.write_text(yaml.safe_dump(data))
-    port, master = free_port(), free_port()
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)}
-    for rank in (0, 1):
-        procs.append(await spawn(sys.executable, "pearl/main.py", "--config", str(cfg), "--port", str(port),
-                                 env={**env, "RANK": str(rank), "LOCAL_RANK": "0"}))
-    rank0, rank1 = procs
+    port = free_port()
+    rank0, rank1 = await spawn_ranks(cfg, port, procs)
     await rank0.wait_line("PEARL serving on 2 node(s)")
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as http:

@@ -83,8 +83,9 @@ async def run_service(cfg: Any, steps: int) -> tuple[Service, RecordingEngine]:
 
 @pytest.mark.timeout(600)
 async def test_restarted_service_continues_from_the_last_checkpoint(tmp_path: Path) -> None:
-    if not (MODELS_DIR / "tiny-qwen3" / "config.json").is_file():
-        pytest.skip("tiny-qwen3 not built: python -m pearl.models build --out .models")
+    from pearl.models import ensure_models
+
+    ensure_models(MODELS_DIR, ("tiny-qwen3",))  # built by `make test` already; ~3 s otherwise
     out = tmp_path / "run"
     cfg = tiny_cfg(out)
     work = out / "trainer"

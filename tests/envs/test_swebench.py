@@ -37,7 +37,8 @@ LITE_DEV = SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json"
 @pytest.fixture(scope="module")
 def raw_rows() -> list[dict]:
     if not LITE_DEV.is_file():
-        pytest.skip(f"shared dataset {LITE_DEV} is not here (set PEARL_SHARED_DIR)")
+        pytest.fail(f"shared dataset {LITE_DEV} is not here: put the project's shared/ folder beside the "
+                    "checkout or set PEARL_SHARED_DIR")
     return json.loads(LITE_DEV.read_text())
 
 

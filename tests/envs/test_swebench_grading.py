@@ -28,7 +28,8 @@ LITE_DEV = SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json"
 @pytest.fixture(scope="module")
 def insts() -> dict[str, SWEBenchInstance]:
     if not LITE_DEV.is_file():
-        pytest.skip(f"shared dataset {LITE_DEV} is not here (set PEARL_SHARED_DIR)")
+        pytest.fail(f"shared dataset {LITE_DEV} is not here: put the project's shared/ folder beside the "
+                    "checkout or set PEARL_SHARED_DIR")
     return {i.instance_id: i for i in load_instances(LITE_DEV)}
 
 
