@@ -24,7 +24,18 @@
    is taken whatever its saving. If no disaggregated split is feasible, colocation is always
    available (it has no prefill-capacity constraint; KV overflow only queues trajectories).
 
-The returned ``Decision`` carries every candidate's prediction and a human-readable reason.
+6. In-flight placement (session 3, optional ``coloc_workers``): on a mid-batch growth the
+   in-flight batch cannot use the whole colocated pool (the router's conversation affinity,
+   ``makespan.sticky_pool``: ``n_eff = A / min(A / n_p, A / N + s (N - n_p) / N)``), while a P:D
+   split's decode workers are chosen by least load. A caller that knows the placement passes
+   ``coloc_workers = n_eff`` and colocation is predicted on ``n_eff`` workers; the splits keep
+   their fresh-batch prediction (modelling choice: the re-prefill of a mode switch mid-batch is
+   not charged; the mode-switch hysteresis stands for it). Default ``None``: unchanged.
+
+The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
+(``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
+smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
+at ``1 / M_coloc(n_eff)`` (``makespan.sticky_pool``); the replay's piecewise predictor error uses it.
 """
 
 from __future__ import annotations
@@ -217,10 +228,26 @@ class Decision:
     best: Allocation
     n_workers: int
     batch: int
+    #: the profiles the decision was made with (for ``colocated_curve``; not compared)
+    hw: HardwareProfile | None = field(default=None, repr=False, compare=False)
+    wl: WorkloadProfile | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def candidates(self) -> tuple[Candidate, ...]:
         return self.table.all()
+
+    @cached_property
+    def colocated_curve(self) -> tuple[float, ...]:
+        """Predicted colocated makespan on ``n = 1 .. n_workers`` workers under this decision's
+        profiles (entry ``n - 1``), for an in-flight batch that runs on fewer workers than the
+        pool: after a mid-batch growth its rate is ``1 / M_coloc(n_eff)`` with ``n_eff`` from
+        ``makespan.sticky_pool`` (interpolate linearly in ``1 / n`` between entries). Empty
+        without profiles."""
+        if self.hw is None or self.wl is None or self.n_workers < 1:
+            return ()
+        ns = np.arange(1, self.n_workers + 1, dtype=np.float64)
+        ms = colocated_makespan(self.hw, Stages.of(self.wl), self.wl, self.batch, ns)
+        return tuple(round(float(x), 2) for x in ms)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -238,6 +265,7 @@ class Decision:
             "n_workers": self.n_workers,
             "batch": self.batch,
             "candidates": [c.to_dict() for c in self.candidates],
+            "colocated_by_workers": list(self.colocated_curve),
         }
 
 
@@ -256,10 +284,14 @@ def project(current: Allocation, n_workers: int, policy: _PolicyLike) -> Allocat
 
 
 def evaluate_table(
-    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike
+    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike,
+    coloc_workers: float | None = None,
 ) -> CandidateTable:
+    """``coloc_workers``: evaluate colocation on this effective pool instead of ``n_workers`` (an
+    in-flight batch after a mid-batch growth, ``makespan.sticky_pool``; module docstring, 6.)."""
     st = Stages.of(wl)
-    coloc = float(colocated_makespan(hw, st, wl, batch, np.array([n_workers], dtype=np.float64))[0])
+    n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
+    coloc = float(colocated_makespan(hw, st, wl, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
@@ -286,19 +318,20 @@ def decide(
     wl: WorkloadProfile,
     policy: _PolicyLike,
     current: Allocation | None = None,
+    coloc_workers: float | None = None,
 ) -> Decision:
-    """Choose the target allocation (see module docstring)."""
+    """Choose the target allocation (see module docstring; ``coloc_workers``: 6.)."""
     if n_workers < 1:
         raise DecisionError(f"budget of {n_workers} workers: need at least 1 rollout worker to decide")
     if batch < 1:
         raise DecisionError(f"batch size {batch}: need at least 1 trajectory")
-    table = evaluate_table(n_workers, batch, hw, wl, policy)
+    table = evaluate_table(n_workers, batch, hw, wl, policy, coloc_workers)
     best = table.candidate(table.best_index())
 
     def done(target: Candidate, switched: bool, forced: bool, reason: str) -> Decision:
         return Decision(
             target.allocation, current, table, switched, forced, reason, target.makespan_s,
-            best.allocation, n_workers, batch,
+            best.allocation, n_workers, batch, hw, wl,
         )
 
     if current is None:

@@ -119,6 +119,33 @@ Feasibility of a disaggregated split (paper Sec. 4.2):
   prefill pool keeps up with what the decode side can absorb;
 * KV memory: ``B * K_seq <= N_D * H_max``.
 
+In-flight batch after a pool change (session 3, ``sticky_pool``). Every formula above is for a
+*fresh* batch, admitted balanced over the pool. An elastic run changes the pool *mid-batch*
+(PEARL: every batch starts with the borrowed training GPUs, returns them ~4 s later when the
+trainer starts, and gets them back ~175 s later; grants and reclaims land anywhere). A shrink
+resumes the removed workers' trajectories on the survivors by least load, so the batch is again
+balanced over the smaller pool. A *growth* is not balanced: the router keeps a trajectory on the
+worker that holds its prefix cache unless that worker's load exceeds the least loaded one's by
+more than the affinity slack ``s`` (``pipeline.Router``), so the new workers only fill up to
+within ``s`` of the old ones. With ``A`` trajectories alive on ``n_p`` placed workers (``A / n_p``
+each) and the pool grown to ``N > n_p``, the balance point ``m_old - m_new = s``,
+``n_p m_old + (N - n_p) m_new = A`` gives::
+
+    m_old = min( A / n_p,  A / N + s (N - n_p) / N )      trajectories per old worker
+    n_eff = A / m_old                                     (n_p <= n_eff <= N)
+
+and the batch's slowest trajectory sits on an old worker (the most loaded), so the rest of the
+batch runs like a colocated pool of ``n_eff`` workers: its rate is ``1 / M_coloc(n_eff)``; a
+shrink gives ``n_eff = N``. Measured (emulator, Qwen3-8B volatile segment, batch of 64 on 4
+reserved workers while the 16 borrowed GPUs are away, then 20 workers): the reserved workers keep
+6 trajectories each after the borrowed GPUs return (the formula: 6.4), the returned workers get
+2.4-2.6; with 16 placed workers grown to 32, ``m_old = min(4, 2 + 4 * 16/32) = 4``: the returned
+GPUs get nothing for the rest of the batch (measured: none of them served a turn). Modelling
+choices: ``s`` counts trajectories although the router counts requests in flight (a trajectory in
+an environment step holds none; env is ~7 % of a turn on the ``paper`` workload), ``A`` is the
+trajectories alive at the change, and the placement is reset by a mode switch (a P:D split's
+decode pool is chosen by least load, without affinity) and by the next batch.
+
 Modelling choices the paper leaves open, made here: M/D/1 wait for colocated prefill (prefill
 chunks are near-deterministic), Sakasegawa's M/M/c approximation for the prefill pool, full
 context transfer per turn, u_cap = 0.95 for colocation, ``STAGES`` = 8 and ``ITERATIONS`` = 12
@@ -130,6 +157,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -331,3 +359,44 @@ def _slowest_path_disagg(hw: HardwareProfile, st: Stages, paths: tuple[tuple[tup
         t = (w[:, idx] + _prefill(hw, x, c) + hw.g0 + hw.g1 * (x + c) + o * _tau(hw, n[:, idx], ctx) + e) * stretch[:, idx]
         best = np.maximum(best, t.sum(axis=1))
     return best
+
+
+def compose_makespan(schedule: Sequence[tuple[float, float]]) -> float:
+    """Makespan of a batch served by a sequence of allocations: ``schedule`` = ``(t_i, M_i)``,
+    the offset from the batch's start at which the allocation with (fresh-batch or placed)
+    makespan ``M_i`` takes over (``t_0 = 0``, increasing); the last one holds until the end. The
+    batch progresses at ``1 / M_i`` while allocation i is in force::
+
+        M_hat = t_j + (1 - sum_{i<j} (t_{i+1} - t_i) / M_i) M_j    (j: where progress reaches 1)
+
+    Modelling choice: progress is linear in time within an allocation (a batch's tail is slower
+    per trajectory, so this is an approximation). For the runtime: at a batch's start the borrow /
+    return schedule is known (the overlap GPUs return when the trainer starts, come back after
+    its step), so a batch-start prediction can compose it with ``sticky_pool`` for the return."""
+    if not schedule:
+        raise ValueError("compose_makespan: empty schedule; give at least (0, M_0)")
+    prog = 0.0
+    for (t, m), (t_next, _m) in itertools.pairwise(schedule):
+        if m <= 0 or t_next < t:
+            raise ValueError(f"compose_makespan: bad segment (t={t}, M={m}, next t={t_next}): "
+                             "need M > 0 and increasing offsets")
+        if prog + (t_next - t) / m >= 1.0:
+            return t + (1.0 - prog) * m
+        prog += (t_next - t) / m
+    t, m = schedule[-1]
+    if m <= 0:
+        raise ValueError(f"compose_makespan: bad segment (t={t}, M={m}): need M > 0")
+    return t + (1.0 - prog) * m
+
+
+def sticky_pool(alive: float, n_placed: float, n_workers: float, slack: float) -> float:
+    """Effective colocated pool ``n_eff`` of an in-flight batch whose ``alive`` trajectories sit
+    balanced on ``n_placed`` workers when the pool becomes ``n_workers`` (module docstring,
+    "In-flight batch after a pool change"): ``n_workers`` on a shrink, else ``alive / m_old`` with
+    ``m_old = min(alive / n_placed, alive / N + slack (N - n_placed) / N)``."""
+    if n_workers <= 0 or alive <= 0:
+        return float(max(n_workers, 0))
+    if n_placed <= 0 or n_workers <= n_placed:
+        return float(n_workers)
+    m_old = min(alive / n_placed, alive / n_workers + max(slack, 0.0) * (n_workers - n_placed) / n_workers)
+    return float(min(max(alive / m_old, n_placed), n_workers))

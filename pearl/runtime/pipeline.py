@@ -459,6 +459,9 @@ class PipelineScheduler:
         """Produce rollout batches forever (or ``max_batches``); cancel to stop."""
         r = self.first_batch
         while self.max_batches is None or r < self.max_batches:
+            if self.trainer_version < r - self.max_staleness:
+                log.info("rollout batch %d waits for policy version %d (max_staleness %d; trainer at v%d)",
+                         r, r - self.max_staleness, self.max_staleness, self.trainer_version)
             while self.trainer_version < r - self.max_staleness:
                 await self._version_changed.wait()
             records = await self.run_batch(r)

@@ -147,16 +147,17 @@ def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
         err = ps.get("makespan_prediction_error")
         steady = ps.get("makespan_prediction_error_steady")
         piece = ps.get("makespan_prediction_error_piecewise")
+        placed = ps.get("makespan_prediction_error_placed")
 
         def pct(x: float | None) -> str:
             return "-" if x is None else f"{100 * x:.1f}%"
 
-        row.append(f"{pct(err)} / {pct(piece)} / {pct(steady)}")
+        row.append(f"{pct(err)} / {pct(piece)} / {pct(placed)} / {pct(steady)}")
         cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
         row.append(f"{max(cpu):.0f}" if cpu else "-")
         rows.append(row)
     header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
-              "pearl predictor err (batch start / piecewise / steady batches)", "max CPU s per system"]
+              "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
     groups = list(results)
     series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
     _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")

@@ -60,6 +60,7 @@ from typing import Any
 from pearl.config import RunConfig
 from pearl.core.decision import decide
 from pearl.core.events import ReclaimNotice
+from pearl.core.makespan import compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import LoopClock, run_virtual
@@ -110,22 +111,34 @@ def _steady_error(raw: dict[str, Any]) -> tuple[float | None, int]:
     return (round(statistics.median(errs), 4) if errs else None), len(errs)
 
 
-def _piecewise_error(raw: dict[str, Any]) -> tuple[float | None, int]:
+def _piecewise_error(raw: dict[str, Any], placed: bool = False) -> tuple[float | None, int]:
     """Median relative error of the predictor over all batches, given the allocations that actually
     served each batch (what the batch-start prediction cannot know: grants, reclaims and borrows
     land mid-batch). While the decision with predicted makespan ``M_i`` is in force for ``dt_i``,
     the batch progresses at rate ``1 / M_i``; the predicted makespan is when the progress
-    ``sum_i dt_i / M_i`` reaches 1 (extrapolated at the last rate if the batch ended before)::
+    ``sum_i dt_i / M_i`` reaches 1 (extrapolated at the last rate if the batch ended before;
+    ``pearl.core.makespan.compose_makespan``; session 3: the loop written here before
+    extrapolated at the batch-start allocation's rate, against this definition)::
 
         M_hat = t_j + (1 - sum_{i<j} dt_i / M_i) M_j     (j: the segment in which progress reaches 1)
 
     Modelling choice: progress is linear in time within an allocation (the predictor's makespan is
     for a whole batch; the tail of a batch is slower per trajectory, so this is an approximation).
-    Returns (error, n_batches)."""
-    plans = [(float(h["t"]), float(h["decision"]["predicted_makespan_s"])) for h in raw["history"]
+
+    ``placed=True`` (session 3, ``makespan_prediction_error_placed``): the same composition, but a
+    colocated allocation that *grew* mid-batch is predicted for the pool the in-flight batch can
+    use under the router's conversation affinity, not for the whole pool: ``M_i = M_coloc(n_eff)``
+    with ``n_eff = sticky_pool(B, n_placed, N_i, s)`` (``pearl.core.makespan``, formula there;
+    ``s`` = the router's ``affinity_slack``, ``raw["affinity_slack"]``, default 4), ``n_placed``
+    = the previous segment's ``n_eff`` (``N`` at the batch's start, after a shrink and after a
+    P:D segment), ``M_coloc`` the decision's ``colocated_by_workers`` interpolated linearly in
+    ``1 / n``. Splits keep their own prediction. ``A = B``: the change is counted with every
+    trajectory alive (mid-batch, before the tail). Returns (error, n_batches)."""
+    plans = [(float(h["t"]), h["decision"]) for h in raw["history"]
              if h.get("kind") == "replan" and isinstance(h.get("decision"), dict)
              and h["decision"].get("predicted_makespan_s")]
-    plans.sort()
+    plans.sort(key=lambda x: x[0])
+    slack = float(raw.get("affinity_slack", 4))
     spans = list(raw.get("batch_makespans", []))
     ends = raw["batch_ends"]
     errs = []
@@ -133,23 +146,40 @@ def _piecewise_error(raw: dict[str, Any]) -> tuple[float | None, int]:
         start = end - obs
         if obs <= 0:
             continue
-        cur = [m for t, m in plans if t <= start]
+        cur = [d for t, d in plans if t <= start]
         if not cur:
             continue
-        rate_m = cur[-1]
-        t, prog = start, 0.0
-        pred = None
-        for tc, m in [(tc, m) for tc, m in plans if start < tc < end] + [(end, rate_m)]:
-            dt = tc - t
-            if prog + dt / rate_m >= 1.0:
-                pred = (t - start) + (1.0 - prog) * rate_m
-                break
-            prog += dt / rate_m
-            t, rate_m = tc, m
-        if pred is None:
-            pred = (end - start) + (1.0 - prog) * rate_m
+        segs = [(start, cur[-1])] + [(tc, d) for tc, d in plans if start < tc < end]
+        rates: list[tuple[float, float]] = []
+        n_placed: float | None = None
+        for tc, d in segs:
+            m = float(d["predicted_makespan_s"])
+            if placed and d.get("mode", "colocated") == "colocated":
+                n = float(d.get("n_workers", 0))
+                n_placed = n if n_placed is None else sticky_pool(float(d.get("batch", 64)), n_placed, n, slack)
+                m = _coloc_at(d, n_placed, m)
+            else:
+                n_placed = None
+            rates.append((tc, m))
+        pred = compose_makespan([(tc - start, m) for tc, m in rates])
         errs.append(abs(pred - obs) / obs)
     return (round(statistics.median(errs), 4) if errs else None), len(errs)
+
+
+def _coloc_at(d: dict[str, Any], n_eff: float, default: float) -> float:
+    """The decision's colocated prediction at ``n_eff`` workers (``colocated_by_workers``,
+    linear in ``1 / n`` between entries); ``default`` where the curve is missing or ``n_eff``
+    is the whole pool."""
+    curve = d.get("colocated_by_workers") or []
+    n = float(d.get("n_workers", 0))
+    if not curve or n_eff >= n or n_eff < 1:
+        return default
+    lo = int(n_eff)
+    hi = min(lo + 1, len(curve))
+    if hi == lo or lo >= len(curve):
+        return float(curve[min(lo, len(curve)) - 1])
+    w = (1.0 / n_eff - 1.0 / hi) / (1.0 / lo - 1.0 / hi)
+    return float(w * curve[lo - 1] + (1.0 - w) * curve[hi - 1])
 
 
 _COST_KINDS = {"launch": "expansion_preparation", "finalize": "expansion_finalization", "activate": "activation",
@@ -225,6 +255,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
         "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
+        "affinity_slack": ctrl.pipeline.router.affinity_slack,
         "phase_split": engine.phase_split(),
         "resume_prefill": engine.resume_prefill(),
     }
@@ -279,6 +310,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "makespan_prediction_error_steady": _steady_error(raw)[0],
         "steady_batches": _steady_error(raw)[1],
         "makespan_prediction_error_piecewise": _piecewise_error(raw)[0],
+        "makespan_prediction_error_placed": _piecewise_error(raw, placed=True)[0],
         "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
         "interruptions": summ["interruptions"],

@@ -11,6 +11,7 @@ with no failed trajectory (in 1P1D its requests are served prefill -> KV transfe
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +26,14 @@ from pearl.models import ensure_models
 from pearl.runtime.controller import Controller
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+# No trainer runs here, so the policy version stays 0 and the staleness gate would stop the pipeline
+# after max_staleness + 1 batches. These batches take a second each; on a machine where server starts
+# are slow (a cold compile cache on a fresh machine: 50 s instead of 30 s per start) a small bound
+# was passed during the first relaunch and the wait for a later batch never returned (it held CI).
+NO_TRAINER_STALENESS = 1_000_000
+# every wait is bounded inside the test, so a failure is reported and the servers are stopped
+WAIT_S = 600
 
 
 def roles(ctrl: Controller) -> Counter[str]:
@@ -41,7 +50,7 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
         "workload.batch_size": 2, "workload.group_size": 2, "workload.max_trajectory_tokens": 1024,
         "engine.max_model_len": 1024, "engine.start_timeout_s": 720, "engine.device_map": {"r0": "0", "r1": "1"},
         "env.kind": "tiny", "env.max_new_tokens": 8, "env.max_turns": 1, "env.min_turn_tokens": 4,
-        "policy.max_staleness": 10, "policy.allocation_overrides": {2: "coloc"}, "trace": None,
+        "policy.max_staleness": NO_TRAINER_STALENESS, "policy.allocation_overrides": {2: "coloc"}, "trace": None,
     })
     tok = load_tokenizer(tiny)
     factory = make_session_factory(await build_suite(cfg.env), tok, cfg)
@@ -50,12 +59,12 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
     try:
         await ctrl.start()
         assert roles(ctrl) == {"colocated": 2}
-        await ctrl.wait_batches(1)
+        await asyncio.wait_for(ctrl.wait_batches(1), WAIT_S)
         served: dict[str, Counter[str]] = {}
         for label, want, mode in [("1P1D", {"prefill": 1, "decode": 1}, "disaggregated"),
                                   ("coloc", {"colocated": 2}, "colocated")]:
             ctrl.elastic.policy = cfg.policy.model_copy(update={"allocation_overrides": {2: label}})
-            rep = await ctrl.elastic.replan(f"test: switch to {label}")
+            rep = await asyncio.wait_for(ctrl.elastic.replan(f"test: switch to {label}"), WAIT_S)
             assert rep is not None and not rep.errors, rep
             assert roles(ctrl) == want
             # Batch k+1 may have started before the switch; batch k+2 starts after it, so its requests
@@ -63,7 +72,7 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
             # batches could finish colocated before the first switch.) ``recent`` is trimmed only past
             # thousands of records, so slicing from n0 gives exactly the records after the switch.
             k, n0 = ctrl.pipeline.stats.rollout_step, len(ctrl.tracker.recent)
-            await ctrl.wait_batches(k + 2)
+            await asyncio.wait_for(ctrl.wait_batches(k + 2), WAIT_S)
             served[label] = Counter(r.mode for r in ctrl.tracker.recent[n0:])
             assert served[label][mode] >= 1, served
         assert ctrl.pipeline.stats.trajectories_failed == 0, ctrl.pipeline.failures

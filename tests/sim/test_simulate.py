@@ -131,4 +131,35 @@ def test_piecewise_prediction_follows_the_allocations_in_force() -> None:
     # a batch that ends before its predicted progress reaches 1 is extrapolated at the last rate
     raw = {"history": [rp(0.0, 600.0)], "batch_ends": [300.0], "batch_makespans": [300.0]}
     assert _piecewise_error(raw) == (pytest.approx(1.0), 1)
+    # ... at the *last* allocation's rate: 100 s of 400 (1/4) + 200 s of 800 (1/4), then 1/2 x 800
+    raw = {"history": [rp(0.0, 400.0), rp(100.0, 800.0)], "batch_ends": [300.0], "batch_makespans": [300.0]}
+    assert _piecewise_error(raw)[0] == pytest.approx(abs(700.0 - 300.0) / 300.0, abs=1e-4)
     assert _piecewise_error({"history": [], "batch_ends": [], "batch_makespans": []}) == (None, 0)
+
+
+def test_placed_prediction_runs_a_grown_pool_at_its_sticky_share() -> None:
+    from pearl.sim.simulate import _piecewise_error
+
+    curve = [1000.0 / n for n in range(1, 21)]  # M_coloc(n) = 1000 / n
+
+    def rp(t: float, n: int) -> dict[str, object]:
+        return {"t": t, "kind": "replan", "decision": {"label": "coloc", "mode": "colocated", "n_workers": n,
+                                                       "batch": 64, "predicted_makespan_s": 1000.0 / n,
+                                                       "colocated_by_workers": curve[:n]}}
+
+    # a batch starts on 4 workers (250 s), 125 s later the pool grows to 20: the batch keeps 64/10
+    # per old worker (sticky_pool = 10), so the rest (1/2) runs at M(10) = 100 s, not M(20) = 50 s
+    raw = {"history": [rp(0.0, 4), rp(125.0, 20)], "batch_ends": [175.0], "batch_makespans": [175.0],
+           "affinity_slack": 4}
+    assert _piecewise_error(raw, placed=True) == (pytest.approx(0.0, abs=1e-4), 1)
+    assert _piecewise_error(raw)[0] == pytest.approx(abs(150.0 - 175.0) / 175.0, abs=1e-4)
+    # a shrink rebalances over the survivors: the placed prediction is the plain one
+    raw = {"history": [rp(0.0, 4), rp(50.0, 2)], "batch_ends": [500.0], "batch_makespans": [500.0],
+           "affinity_slack": 4}
+    assert _piecewise_error(raw, placed=True) == _piecewise_error(raw)
+    # ... but growing back is sticky again: 64/2 = 32 per old worker > 64/4 + 4 * 2/4 = 18
+    raw["history"] = [rp(0.0, 4), rp(50.0, 2), rp(100.0, 4)]
+    # plain: 0.2 + 0.1 done at 100 s, 0.7 x 250 = 175 s more; placed: M(64/18) = 281.25 s
+    assert _piecewise_error(raw)[0] == pytest.approx(abs(275.0 - 500.0) / 500.0, abs=1e-4)
+    assert _piecewise_error(raw, placed=True)[0] == pytest.approx(abs(100.0 + 0.7 * 281.25 - 500.0) / 500.0,
+                                                                  abs=1e-4)
