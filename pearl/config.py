@@ -239,6 +239,12 @@ class EngineSpec(_Strict):
         "CPU host where servers and the trainer share cores, a positive value lets the trainer (on the critical "
         "path of every step) run at full speed while rollout uses the cycles it leaves; 0 on GPU hosts")
     extra_args: list[str] = Field(default_factory=list)
+    nixl_progress_delay_us: int = Field(
+        default=1000, ge=0, le=1_000_000,
+        description="vLLM PD servers: pause of NIXL's progress thread between passes, in µs. vLLM creates "
+        "it with no pause, so it spins a core per idle server (on a CPU host the PD servers then starve each "
+        "other: 10-100x slower decode, measured). 0 keeps vLLM's spinning thread (lowest transfer latency on GPU "
+        "hosts with cores to spare)")
     device_map: dict[str, str] = Field(
         default_factory=dict,
         description="logical GPU id (r0, t3, spot-0, ...) -> physical device the server binds to "

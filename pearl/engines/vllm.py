@@ -111,11 +111,12 @@ class VllmEngine:
     @staticmethod
     def from_config(spec: Any, run_dir: str | Path, kv_mode: KvMode = "per_role") -> VllmEngine:
         """From ``pearl.config.EngineSpec`` (max_model_len, kv_cache_gib, threads_per_server,
-        start_timeout_s, request_timeout_s, nice, extra_args)."""
+        start_timeout_s, request_timeout_s, nice, extra_args, nixl_progress_delay_us)."""
         return VllmEngine(run_dir, VllmSettings(
             max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
             threads_per_server=spec.threads_per_server, start_timeout_s=spec.start_timeout_s, nice=spec.nice,
-            request_timeout_s=spec.request_timeout_s, extra_args=tuple(spec.extra_args)), kv_mode)
+            request_timeout_s=spec.request_timeout_s, extra_args=tuple(spec.extra_args),
+            nixl_progress_delay_us=spec.nixl_progress_delay_us), kv_mode)
 
     # ------------------------------------------------------------------------------ servers
     def _session(self) -> aiohttp.ClientSession:

@@ -16,7 +16,10 @@ for PD, the ``NixlConnector`` with ``kv_buffer_device: cpu`` and a distinct
 core and worker children form one process group: when the API server dies (e.g. SIGKILL) the
 watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log file
 under the run directory; errors quote its tail. Each server is spawned with
-``PR_SET_PDEATHSIG=SIGTERM``: if the owning process dies without ``stop()``, the server goes too.
+``PR_SET_PDEATHSIG=SIGTERM``, and beside it runs a reaper (``pearl.reaper``, in its own session):
+if the owning process dies without ``stop()`` (a ``kill -9``), the reaper kills the server's group
+(SIGTERM, then SIGKILL after 10 s). The death signal alone was not enough: a vLLM server still
+starting up does not exit on it, and its engine core outlives even a SIGKILL of the API server.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import aiohttp
 
 from pearl.engines.base import EngineDeadError, EngineError, EngineStartError, ServerSpec
 from pearl.engines.vllm_broadcast import free_port
+from pearl.engines.vllm_worker_ext import NIXL_DELAY_ENV
 from pearl.procutil import die_with_parent
 
 WORKER_EXTENSION = "pearl.engines.vllm_worker_ext.PearlWorkerExtension"
@@ -44,6 +48,7 @@ SERVED_MODEL_NAME = "pearl"
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
+REAPER_EXIT_S = 5.0  # a reaper polls every second and exits once its server's group is gone
 
 
 def lower_priority(pid: int, nice: int) -> None:
@@ -78,6 +83,7 @@ class VllmSettings:
     python: str = sys.executable
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    nixl_progress_delay_us: int = 1000  # PD servers: NIXL progress-thread pause (vllm_worker_ext)
 
 
 def kv_transfer_config(kv_role: str) -> str:
@@ -113,8 +119,10 @@ class ChildServer(ABC):
     weight_version: int = 0
     inflight: int = 0
     _watcher: asyncio.Task[None] | None = None
+    _reaper: asyncio.subprocess.Process | None = None  # ``pearl.reaper`` for this server's group
     kind = "server"
     health_path = "/health"
+    reaper_grace_s = STOP_GRACE_S  # the reaper's SIGTERM -> SIGKILL wait
 
     @property
     def url(self) -> str:
@@ -156,6 +164,12 @@ class ChildServer(ABC):
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 env=self.env(), start_new_session=True, preexec_fn=die_with_parent)
+        # a vLLM server starting up ignores the death signal: a reaper kills its group if we die
+        self._reaper = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pearl.reaper", "--owner", str(os.getpid()), "--pgid", str(self.proc.pid),
+            "--grace", str(self.reaper_grace_s),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True)
         self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.spec.worker_id}")
         try:
             await asyncio.wait_for(self._wait_ready(), timeout=self.start_timeout_s)
@@ -191,6 +205,20 @@ class ChildServer(ABC):
         self.exit_code = await self.proc.wait()
         self.died.set()
         self._kill_group(signal.SIGKILL)  # orphaned engine core / workers
+        await self._end_reaper()
+
+    async def _end_reaper(self) -> None:
+        """The reaper exits on its own once the group is gone (within its 1 s poll); wait for it
+        (no zombie, no unclosed transport), or kill it if it has not."""
+        reaper, self._reaper = self._reaper, None
+        if reaper is None:
+            return
+        try:
+            await asyncio.wait_for(reaper.wait(), timeout=REAPER_EXIT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                reaper.kill()
+            await reaper.wait()
 
     def _kill_group(self, sig: int) -> None:
         if self.proc is None:
@@ -253,6 +281,11 @@ class VllmServer(ChildServer):
             "VLLM_LOGGING_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         })
+        if self.kv_role is not None:
+            # the worker extension paces NIXL's spinning progress thread; it imports nixl before vLLM
+            # would set this, so set it here (vLLM's value, against a UCX memory leak)
+            env[NIXL_DELAY_ENV] = str(s.nixl_progress_delay_us)
+            env.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
         env.update(dict(s.extra_env))
         return env
 

@@ -20,8 +20,50 @@ loader. Models must be untied (``pearl.models``): a tied ``lm_head`` would keep 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 from typing import Any
+
+#: environment variable (set by ``VllmServer.env``) with the NIXL progress thread's pause, in µs
+NIXL_DELAY_ENV = "PEARL_NIXL_PROGRESS_DELAY_US"
+
+
+def pace_nixl_progress_thread(delay_us: int) -> bool:
+    """Make NIXL's progress thread pause ``delay_us`` µs between progress passes (vLLM's KV
+    connector creates its agent with ``pthrDelay = 0``: the thread spins).
+
+    Measured on this 2-core CPU host (tiny Qwen3, 1 prefill + 1 decode server, one core each): with
+    ``pthrDelay = 0`` every idle PD server kept a core at 100 % (the spin of NIXL's progress thread),
+    so the two servers starved each other and every other process on the machine (4 PD requests of
+    24 tokens: 3.3-33 s, against 0.35 s colocated). The nixl Python API hard-codes the delay, so the
+    agent constructor of its bindings is wrapped: an agent created with a progress thread and no
+    delay gets ``delay_us``. Runs at import of this module, which vLLM performs in each worker
+    process before the KV connector creates its agent. Returns whether the wrap was installed.
+    """
+    if delay_us <= 0:
+        return False
+    try:
+        import nixl._api as api  # the platform package (nixl_cu12 ...) behind the ``nixl`` alias
+    except ImportError:
+        return False
+    bindings = getattr(api, "nixlBind", None)
+    create = getattr(bindings, "nixlAgent", None)
+    if create is None or getattr(create, "_pearl_paced", False):
+        return create is not None
+
+    def paced_agent(name: str, config: Any) -> Any:
+        if getattr(config, "useProgThread", False) and getattr(config, "pthrDelay", 1) == 0:
+            config.pthrDelay = delay_us
+        return create(name, config)
+
+    paced_agent._pearl_paced = True  # type: ignore[attr-defined]
+    bindings.nixlAgent = paced_agent  # type: ignore[union-attr]
+    return True
+
+
+with contextlib.suppress(ValueError):
+    pace_nixl_progress_thread(int(os.environ.get(NIXL_DELAY_ENV, "0") or 0))
 
 
 class PearlWorkerExtension:

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from pearl.config import CONFIG_DIR, RunConfig, load_config
+from pearl.engines.devicemap import DeviceMappedEngine
 from pearl.engines.vllm import VllmEngine
 from pearl.engines.vllm_server import VllmSettings
 from pearl.reliability.faults import ChaosEngine
@@ -101,7 +102,10 @@ async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
     cfg = _config(tiny)
     clock = LoopClock()
     vllm = VllmEngine(tmp_path / "run", VllmSettings(max_model_len=1024, kv_cache_gib=1, start_timeout_s=600))
-    chaos = ChaosEngine(vllm)
+    # one core per server (GPU r0 -> core 0, r1 -> core 1; a replacement takes its GPU's core): with
+    # vLLM's "auto" binding both servers spread their threads over both cores and spin-wait on each
+    # other (decode ran at 3-7 tokens/s)
+    chaos = ChaosEngine(DeviceMappedEngine(vllm, {"r0": "0", "r1": "1"}))
     ctrl = Controller(cfg, chaos, SyntheticSessionFactory(cfg.workload, clock), clock=clock,
                       initial_weights=(0, str(tiny)))
     await ctrl.start()
