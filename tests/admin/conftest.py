@@ -4,6 +4,7 @@ manual clock, and the real app served in-process by aiohttp's test server (a loo
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -15,6 +16,16 @@ from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
 
 TOKEN = "t0ken-for-tests-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[list[Any]]:
+    """Service processes a test spawned (``test_service.Proc``, appended by the test): killed at
+    teardown, whatever the test's outcome."""
+    started: list[Any] = []
+    yield started
+    for p in started:
+        await p.kill()
 
 
 class ManualClock:

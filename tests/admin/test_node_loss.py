@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,6 @@ import yaml
 from tests.admin.test_service import AUTH, Proc, free_port, get, progress_until, spawn_ranks, write_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        await p.kill()
 
 
 async def until(http: aiohttp.ClientSession, url: str, check: Callable[[Any], bool], timeout_s: float = 240.0) -> Any:

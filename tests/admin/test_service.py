@@ -18,7 +18,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +127,6 @@ async def progress_until(http: aiohttp.ClientSession, url: str, key: str, at_lea
             return p
         assert time.monotonic() - t0 < timeout_s, p
         await asyncio.sleep(0.25)
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        await p.kill()
 
 
 @pytest.mark.timeout(1800)

@@ -51,9 +51,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module"), pytest
 
 LOGPROB_TOL = 0.25
 PROMPT = tuple(range(1000, 1040))
-# long enough that the abort lands mid-generation even when this process is starved of CPU (with 300
-# tokens a loaded CI machine saw the request finish before the abort reached the server)
-ABORT_TOKENS = 960
+# long enough that an abort or a kill lands mid-generation even when this process lags the server (with
+# 300-400 tokens, CI-like runs saw the request finish first: once with this process starved of CPU,
+# once on servers that had become faster); 40 prompt + 960 new tokens fit max_model_len 1024
+LONG_TOKENS = 960
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +117,16 @@ async def test_pd_equals_colocated(engine: VllmEngine) -> None:
 
 
 async def test_abort_returns_partial_and_resume_completes(engine: VllmEngine) -> None:
-    ref = await engine.generate("p", greedy("full", ABORT_TOKENS))
-    req = greedy("ab", ABORT_TOKENS)
+    ref = await engine.generate("p", greedy("full", LONG_TOKENS))
+    req = greedy("ab", LONG_TOKENS)
     task = asyncio.create_task(engine.generate("p", req))
     assert await asyncio.wait_for(engine.wait_tokens("ab", 5), 120) >= 5
     await engine.abort("p", "ab")
     part = await task
-    assert part.finish_reason is FinishReason.ABORT and 5 <= len(part.output_ids) < ABORT_TOKENS
+    assert part.finish_reason is FinishReason.ABORT and 5 <= len(part.output_ids) < LONG_TOKENS
     assert part.output_ids == ref.output_ids[:len(part.output_ids)]
     cont = continuation_request(req, [part], attempt=1)
-    assert cont is not None and cont.sampling.max_new_tokens == ABORT_TOKENS - len(part.output_ids)
+    assert cont is not None and cont.sampling.max_new_tokens == LONG_TOKENS - len(part.output_ids)
     rest = await engine.generate("p", cont)
     assert generated_tokens([part, rest]) == list(ref.output_ids)
 
@@ -174,8 +175,8 @@ async def test_weight_update_matches_transformers(engine: VllmEngine, tiny: Path
 
 
 async def test_decode_server_killed_request_resumes_elsewhere(engine: VllmEngine) -> None:
-    ref = await engine.generate("p", greedy("kref", 400))
-    req = greedy("kill", 400)
+    ref = await engine.generate("p", greedy("kref", LONG_TOKENS))
+    req = greedy("kill", LONG_TOKENS)
     task = asyncio.create_task(engine.generate_pd("p", "d", req))
     assert await asyncio.wait_for(engine.wait_tokens("kill", 8), 120) >= 8
     srv = engine.server("d")
@@ -186,7 +187,7 @@ async def test_decode_server_killed_request_resumes_elsewhere(engine: VllmEngine
     assert err.value.worker_id == "d" and err.value.exit_code == -signal.SIGKILL
     partial = err.value.partial
     assert partial is not None and partial.finish_reason is FinishReason.ABORT
-    assert 8 <= len(partial.output_ids) < 400
+    assert 8 <= len(partial.output_ids) < LONG_TOKENS
     assert partial.output_ids == ref.output_ids[:len(partial.output_ids)]
     assert not await engine.healthy("d")
 
@@ -197,5 +198,5 @@ async def test_decode_server_killed_request_resumes_elsewhere(engine: VllmEngine
     assert generated_tokens(parts) == list(ref.output_ids)  # prefix + continuation, nothing lost
     assert final_finish_reason(req, parts) is FinishReason.LENGTH
     segs = merge_parts(parts)
-    assert sum(len(s.token_ids) for s in segs) == 400
+    assert sum(len(s.token_ids) for s in segs) == LONG_TOKENS
     assert [s.weight_version for s in segs] == [partial.weight_version, parts[1].weight_version]

@@ -18,16 +18,15 @@ from envs.swebench.docker import DockerCLI, DockerConfig
 from envs.tiny import TinyEnv, TinyTask
 from envs.toolcall import ToolCall, ToolSet, coding_tools
 from pearl.config import load_config
+from pearl.models import ensure_models
 from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
 from tests.conftest import MODELS_DIR, SHARED_DIR
 
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    path = MODELS_DIR / "smollm2-135m"
-    if not (path / "tokenizer.json").is_file():
-        pytest.skip(f"no tokenizer at {path}: run `python -m pearl.models build --out {MODELS_DIR}`")
-    return load_tokenizer(path)
+    # built from the local GGUF if missing (~20 s), as the other tests do; fails with what is missing
+    return load_tokenizer(ensure_models(MODELS_DIR, names=("smollm2-135m",))["smollm2-135m"])
 
 
 @pytest.fixture(scope="module")
