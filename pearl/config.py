@@ -201,6 +201,15 @@ class PolicySpec(_Strict):
     initial_expansion_final_s: float = Field(default=14.0, ge=0, description="prior expansion finalisation (paper: 11-18 s)")
     max_staleness: int = Field(default=1, ge=0, description="max weight versions a trajectory may lag the trainer")
     profile_ema_alpha: float = Field(default=0.5, gt=0, le=1, description="EMA weight of a new profile fit")
+    affinity: Literal["cost", "slack"] = Field(
+        default="cost",
+        description="conversation affinity of the router: 'cost' moves a colocated turn off its cache-holding "
+        "worker when its predicted latency gains (pearl/core/affinity.py), 'slack' only past affinity_slack",
+    )
+    affinity_slack: int = Field(
+        default=4, ge=0, description="in-flight requests by which a turn's previous worker may exceed the least "
+        "loaded before the turn always moves (SGLang's cache-aware router: balance threshold)",
+    )
     # Added by the simulation helper: knobs that turn the one runtime into each evaluated system
     # (pearl/sim/systems.py); the defaults are PEARL itself.
     use_preemptible: bool = Field(default=True, description="accept preemptible GPU grants (False: fixed pool)")

@@ -173,6 +173,9 @@ class TelemetryRecord:
     mode: str = "colocated"
     worker_id: str = ""
     final: bool = False  # the trajectory ended after this turn
+    #: the turn was served by a worker other than the one that served the trajectory's previous
+    #: turn (a cost-aware or slack move, an interruption): its prefix cache was elsewhere
+    moved: bool = False
 
     def valid(self) -> bool:
         nums = (self.queue_s, self.prefill_s, self.transfer_s, self.decode_s, self.env_s, self.decode_concurrency)
@@ -499,10 +502,19 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     # rare long test runs), and the median under-stated them (env by ~40 % on the ``paper``
     # workload: tool calls of median 0.7 s, mean 1.2 s with the test runs), which made the
     # predicted makespan 3-8 % too short.
+    # Cached tokens from the turns that stayed on their cache-holding worker (session 4): with
+    # cost-aware affinity (``affinity.py``) colocated turns move when that pays, and a moved turn
+    # finds no cache; counting those made the profile's cached share ~20 % lower than a PD prefill
+    # pool (which keeps conversations) gets, and every P:D split's prediction 4-9 % slow (Table 2,
+    # 8 GPUs). ``cached[k]`` is what affinity gives; ``new[k]`` = mean prompt - ``cached[k]``. The
+    # colocated model thus assumes a balanced pool *with* the cache kept - what the cost rule
+    # trades towards (it moves a turn only when the move's latency, re-prefill included, is lower).
     for k, rs in by_turn.items():
         i = k - 1
-        new[i] += alpha * (fmean([r.prompt_tokens - r.cached_tokens for r in rs]) - new[i])
-        cached[i] += alpha * (fmean([r.cached_tokens for r in rs]) - cached[i])
+        kept = [r for r in rs if not r.moved] or rs
+        c_k = fmean([r.cached_tokens for r in kept])
+        new[i] += alpha * (max(fmean([r.prompt_tokens for r in rs]) - c_k, 0.0) - new[i])
+        cached[i] += alpha * (c_k - cached[i])
         out[i] += alpha * (fmean([r.output_tokens for r in rs]) - out[i])
         env[i] += alpha * (fmean([r.env_s for r in rs]) - env[i])
     kseq = prior.k_seq
@@ -521,8 +533,20 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     return WorkloadProfile(
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf if tf is not None else prior.tail_factor,
-        tail_paths=_tail_paths(recs) or prior.tail_paths,
+        tail_paths=_tail_paths(recs, _kept_share(by_turn)) or prior.tail_paths,
     )
+
+
+def _kept_share(by_turn: dict[int, list[TelemetryRecord]]) -> dict[int, float]:
+    """Per turn, the cached share of the prompt over the turns that stayed on their cache-holding
+    worker (``fit_workload``); turns with no such record are absent."""
+    out: dict[int, float] = {}
+    for k, rs in by_turn.items():
+        kept = [r for r in rs if not r.moved]
+        prompt = sum(r.prompt_tokens for r in kept)
+        if kept and prompt > 0:
+            out[k] = sum(r.cached_tokens for r in kept) / prompt
+    return out
 
 
 #: fewest whole trajectories in a window for a tail-factor estimate
@@ -548,12 +572,23 @@ def _durations(recs: Sequence[TelemetryRecord]) -> dict[str, float]:
     return {t: dur[t] for t in first & done}
 
 
-def _tail_paths(recs: Sequence[TelemetryRecord]) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
+def _tail_paths(recs: Sequence[TelemetryRecord], kept_share: dict[int, float] | None = None
+                ) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
     """The ``TAIL_PATHS`` slowest whole trajectories of the window, each as its turns' (new
     prompt tokens, cached tokens, output tokens, env s) in turn order; () with fewer than
     ``MIN_TRAJECTORIES_FOR_TAIL`` whole trajectories. Modelling choice: the slowest trajectory
     under another allocation is taken to be among the slowest observed ones (their turn counts
-    and token paths make them slow; the allocation changes how fast each turn runs)."""
+    and token paths make them slow; the allocation changes how fast each turn runs). A turn that
+    ``moved`` found no cache where it ran; its split is the turn's kept cached share
+    (``kept_share[k]``, ``c = share * prompt``), as under affinity."""
+    share = kept_share or {}
+
+    def split(r: TelemetryRecord) -> tuple[float, float]:
+        if r.moved and r.turn in share:
+            c = min(share[r.turn] * r.prompt_tokens, float(r.prompt_tokens))
+            return float(r.prompt_tokens) - c, c
+        return float(r.prompt_tokens - r.cached_tokens), float(r.cached_tokens)
+
     dur = _durations(recs)
     if len(dur) < MIN_TRAJECTORIES_FOR_TAIL:
         return ()
@@ -563,8 +598,7 @@ def _tail_paths(recs: Sequence[TelemetryRecord]) -> tuple[tuple[tuple[float, flo
         if r.traj_id in slow:
             turns[r.traj_id].append(r)
     return tuple(
-        tuple((float(r.prompt_tokens - r.cached_tokens), float(r.cached_tokens), float(r.output_tokens), r.env_s)
-              for r in sorted(turns[t], key=lambda r: r.turn))
+        tuple((*split(r), float(r.output_tokens), r.env_s) for r in sorted(turns[t], key=lambda r: r.turn))
         for t in sorted(slow, key=lambda t: (-dur[t], t))
     )
 

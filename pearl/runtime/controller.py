@@ -58,7 +58,7 @@ from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
 from pearl.runtime.journal import Journal, JournaledEngine, RecoveredRun, restart_state
 from pearl.runtime.journal import attach as attach_journal
-from pearl.runtime.pipeline import PipelineScheduler
+from pearl.runtime.pipeline import PipelineScheduler, Router
 from pearl.runtime.rebuilder import ClusterRebuilder
 from pearl.runtime.toggle import ToggleManager
 from pearl.runtime.tracker import RuntimeTracker
@@ -114,6 +114,7 @@ class Controller:
             batch_size=cfg.workload.batch_size, group_size=cfg.workload.group_size,
             max_staleness=cfg.policy.max_staleness, max_trajectory_tokens=cfg.workload.max_trajectory_tokens,
             on_batch_done=self._on_batch_done, max_batches=max_batches,
+            router=Router(cfg.policy.affinity_slack, cost_aware=cfg.policy.affinity == "cost"),
         )
         self.pipeline.on_batch_start = self._on_batch_start
         version, path = initial_weights or (0, cfg.model.path or "emulated://v0")

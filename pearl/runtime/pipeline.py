@@ -23,7 +23,13 @@ Colocated when a colocated worker exists; otherwise a (prefill, decode) pair. Le
 (in-flight requests routed by this pipeline) with conversation affinity: the worker that served
 the trajectory's previous turn holds its prefix cache, so it is kept while its load is within
 ``affinity_slack`` of the least-loaded worker (as SGLang's cache-aware router does with its
-balance threshold). When nothing is dispatchable a turn waits for the next topology change.
+balance threshold). With ``cost_aware`` (config ``policy.affinity: cost``, the default) a
+colocated turn also leaves earlier, when its predicted latency on the least-loaded worker,
+re-prefill of the cached prefix included, beats staying (``pearl.core.affinity``: formula and
+choices there; ``_move_rule`` builds it from the tracker's current profiles). Why: a pool that
+grows mid-batch (a grant, returned training GPUs) otherwise stays nearly idle until the next
+batch. ``Router.moves`` counts the turns moved by each rule. When nothing is dispatchable a turn
+waits for the next topology change.
 Same-node pairs: engines that cannot split a PD pair across nodes (the emulated engine, SGLang in
 this build: they answer ``KVTransferError``) set ``Router.pair_node`` (worker -> node); a pair is
 then the least-loaded prefill (with affinity) and the least-loaded decode *on its node*, else the
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import overload
 
+from pearl.core.affinity import move_gain_s, turn_cost
 from pearl.core.profile import TelemetryRecord
 from pearl.core.state import Role
 from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus, check_trajectory_transition
@@ -144,8 +151,13 @@ class Route:
 class Router:
     """Dispatchable workers and their loads; least-loaded choice with conversation affinity."""
 
-    def __init__(self, affinity_slack: int = 4) -> None:
+    def __init__(self, affinity_slack: int = 4, cost_aware: bool = False) -> None:
         self.affinity_slack = affinity_slack
+        #: colocated turns may leave their cache-holding worker when the turn's own latency gains
+        #: (``pearl.core.affinity``; the pipeline passes the rule to ``acquire``)
+        self.cost_aware = cost_aware
+        #: turns that left their previous worker for a less loaded one, by reason
+        self.moves: dict[str, int] = {"slack": 0, "cost": 0}
         self._roles: dict[str, Role] = {}
         self.load: dict[str, int] = {}
         self._changed = asyncio.Event()
@@ -180,7 +192,11 @@ class Router:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _least(self, role: Role, prefer: str, node: str | None = None) -> str | None:
+    def _least(self, role: Role, prefer: str, node: str | None = None,
+               move: Callable[[int, int], bool] | None = None) -> str | None:
+        """Least-loaded worker of ``role`` (on ``node``); the ``prefer`` worker is kept unless its
+        load exceeds the least by more than ``affinity_slack`` or ``move(n_prefer, n_best)`` says
+        leaving pays (cost-aware affinity)."""
         best, best_load = None, 0
         for w, r in self._roles.items():
             if r is not role or (node is not None and self._node(w) != node):
@@ -189,8 +205,16 @@ class Router:
             if best is None or ld < best_load or (ld == best_load and w < best):
                 best, best_load = w, ld
         if best is not None and prefer in self._roles and self._roles[prefer] is role and \
-                (node is None or self._node(prefer) == node) and \
-                self.load.get(prefer, 0) <= best_load + self.affinity_slack:
+                (node is None or self._node(prefer) == node):
+            n_p = self.load.get(prefer, 0)
+            if n_p <= best_load:
+                return prefer
+            if n_p > best_load + self.affinity_slack:
+                self.moves["slack"] += 1
+                return best
+            if move is not None and move(n_p, best_load):
+                self.moves["cost"] += 1
+                return best
             return prefer
         return best
 
@@ -227,10 +251,11 @@ class Router:
                     {w: self._node(w) for w, r in self._roles.items() if r is Role.PREFILL},
                     {w: self._node(w) for w, r in self._roles.items() if r is Role.DECODE})
 
-    def pick(self, prefer: str = "") -> Route | None:
+    def pick(self, prefer: str = "", move: Callable[[int, int], bool] | None = None) -> Route | None:
+        """A route for one turn; ``move`` is the cost-aware affinity rule for a colocated turn."""
         if self.paused:
             return None
-        c = self._least(Role.COLOCATED, prefer)
+        c = self._least(Role.COLOCATED, prefer, move=move)
         pd = self._pair(prefer)
         if c is None and pd is None and self.pair_node is not None:
             self._warn_unpaired()
@@ -238,10 +263,11 @@ class Router:
             return Route(c)
         return pd
 
-    async def acquire(self, clock: Clock, prefer: str = "") -> Route:
+    async def acquire(self, clock: Clock, prefer: str = "",
+                      move: Callable[[int, int], bool] | None = None) -> Route:
         """Wait for a route, then count the request on its worker(s)."""
         while True:
-            route = self.pick(prefer)
+            route = self.pick(prefer, move)
             if route is not None:
                 self.load[route.worker] = self.load.get(route.worker, 0) + 1
                 if route.decode:
@@ -579,11 +605,13 @@ class PipelineScheduler:
         queue = prefill = transfer = decode = 0.0
         conc_w = conc_t = 0.0
         cached = -1
+        moved = False
+        prev = t.last_worker
         mode, worker = "colocated", ""
         req: GenerateRequest | None = original
         while req is not None:
             q0 = self.clock.now()
-            route = await self.router.acquire(self.clock, t.last_worker)
+            route = await self.router.acquire(self.clock, t.last_worker, self._move_rule(turn, len(req.input_ids)))
             queue += self.clock.now() - q0
             res: GenerateResult | None = None
             self._track(route, +1)
@@ -616,6 +644,7 @@ class PipelineScheduler:
                 conc_t += tm.decode_s
                 if cached < 0:
                     cached = res.cached_tokens
+                    moved = bool(prev) and route.worker != prev
                 mode = "disaggregated" if route.decode else "colocated"
                 worker = route.decode or route.worker
                 if res.finish_reason is not FinishReason.ABORT:
@@ -636,15 +665,20 @@ class PipelineScheduler:
             traj_id=t.spec.traj_id, turn=turn, prompt_tokens=len(ctx), cached_tokens=max(cached, 0),
             output_tokens=sum(len(p.output_ids) for p in parts), queue_s=queue, prefill_s=prefill,
             transfer_s=transfer, decode_s=decode, decode_concurrency=conc_w / conc_t if conc_t > 0 else 1.0,
-            mode=mode, worker_id=worker,
+            mode=mode, worker_id=worker, moved=moved,
         )
         return parts, rec
 
 
+    def _move_rule(self, turn: int, context: int) -> Callable[[int, int], bool] | None:
+        """The cost-aware affinity rule for turn ``turn`` with ``context`` prompt tokens
+        (``pearl.core.affinity``: move iff the turn's predicted latency gain ``G > 0``, from the
+        tracker's current profiles); None with the plain load-slack rule."""
+        if not self.router.cost_aware:
+            return None
+        hw, tc = self.tracker.hardware, turn_cost(self.tracker.workload, turn, context)
+        return lambda n_p, n_b: move_gain_s(hw, tc, n_p, n_b) > 0.0
+
+
 def _with_env(rec: TelemetryRecord, env_s: float, final: bool) -> TelemetryRecord:
-    return TelemetryRecord(
-        traj_id=rec.traj_id, turn=rec.turn, prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens,
-        output_tokens=rec.output_tokens, queue_s=rec.queue_s, prefill_s=rec.prefill_s,
-        transfer_s=rec.transfer_s, decode_s=rec.decode_s, env_s=env_s,
-        decode_concurrency=rec.decode_concurrency, mode=rec.mode, worker_id=rec.worker_id, final=final,
-    )
+    return replace(rec, env_s=env_s, final=final)

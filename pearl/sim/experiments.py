@@ -143,6 +143,9 @@ def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
         pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
         row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
         row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
+        rate = {n: r["systems"].get(n, {}).get("batch_rate_per_hour") for n in ("roll", "rlboost+", "pearl")}
+        row.append(f"{rate['pearl'] / rate['roll']:.2f}x / {100 * (rate['pearl'] / rate['rlboost+'] - 1):+.1f}%"
+                   if all(rate.values()) else "-")
         ps = r["systems"].get("pearl", {})
         err = ps.get("makespan_prediction_error")
         steady = ps.get("makespan_prediction_error_steady")
@@ -157,7 +160,7 @@ def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
         row.append(f"{max(cpu):.0f}" if cpu else "-")
         rows.append(row)
     header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
-              "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
+              "by whole batches: pearl / roll, vs rlboost+", "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
     groups = list(results)
     series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
     _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")

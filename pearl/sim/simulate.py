@@ -24,6 +24,8 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
 
     trajectories_per_hour     completed trajectories / segment hours (rollout side; the trainer
                               consumes them in order with staleness <= policy.max_staleness)
+    batch_rate_per_hour       whole batches per hour x B, to the end of the last whole batch (no
+                              end effect; ``_batch_rate``)
     trajectories_completed, trajectories_trained, trajectories_in_flight, trajectories_failed
     rollout_steps, train_steps
     gpu_hours                 {reserved, preemptible, borrowed, training} (metrics.py)
@@ -39,6 +41,10 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
                               predicted = the decision in force when the batch started,
                               observed = that batch's makespan in the emulator
     interruptions, sim_events, sim_events_per_s, wall_s, role_hours
+    router_moves              turns that left their previous worker: {"slack": past affinity_slack,
+                              "cost": by the cost-aware rule} (pearl/core/affinity.py)
+    placement_slack           the load slack the placed error's sticky model uses (the router's
+                              affinity_slack, or the gap the cost rule tolerates for a typical turn)
 
 Batch-makespan search (``best_allocation_search``): a fixed pool of ``n`` workers, no elasticity,
 ``allocation_overrides = {n: label}`` for colocation and every P:D split; the pipeline runs
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.config import RunConfig
+from pearl.core.affinity import effective_slack, typical_turn
 from pearl.core.decision import decide
 from pearl.core.events import ReclaimNotice
 from pearl.core.makespan import compose_makespan, sticky_pool
@@ -94,6 +101,28 @@ def _modes(history: Sequence[dict[str, Any]], t0: float) -> list[list[Any]]:
             if not out or out[-1][1] != lab:
                 out.append([max(t, 0.0), lab])
     return out
+
+
+def _batch_rate(raw: dict[str, Any], batch: int) -> float | None:
+    """Whole rollout batches per hour, in trajectories: ``3600 B k / (t_k - t0)`` with ``t_k`` the
+    end of the last whole batch. Free of the segment's end effect: ``trajectories_per_hour`` also
+    counts the trajectories of the batch cut off at the end, and with 10-25 batches per 2-hour
+    segment where the cut falls moves a system's figure by up to a batch (4-10 %)."""
+    ends: list[float] = raw["batch_ends"]
+    t0 = float(raw["t0"])
+    if not ends or ends[-1] <= t0:
+        return None
+    return round(3600.0 * batch * len(ends) / (ends[-1] - t0), 3)
+
+
+def _placement_slack(ctrl: Controller) -> int:
+    """The load slack an in-flight batch settles within after a pool change: the router's
+    ``affinity_slack``, or with cost-aware affinity the gap its rule tolerates for the final
+    profiles' typical turn (``pearl.core.affinity.effective_slack``)."""
+    router = ctrl.pipeline.router
+    if not router.cost_aware:
+        return router.affinity_slack
+    return effective_slack(ctrl.tracker.hardware, typical_turn(ctrl.tracker.workload), router.affinity_slack)
 
 
 def _steady_error(raw: dict[str, Any]) -> tuple[float | None, int]:
@@ -255,7 +284,8 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
         "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
-        "affinity_slack": ctrl.pipeline.router.affinity_slack,
+        "affinity_slack": _placement_slack(ctrl),
+        "router_moves": dict(ctrl.pipeline.router.moves),
         "phase_split": engine.phase_split(),
         "resume_prefill": engine.resume_prefill(),
     }
@@ -293,6 +323,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
     summary = {
         "trajectories_per_hour": round(done / hours, 3),
         "trajectories_completed": done,
+        "batch_rate_per_hour": _batch_rate(raw, scfg.workload.batch_size),
         "trajectories_trained": raw["trainer"].trajectories,
         "trajectories_in_flight": prog.trajectories_in_flight,
         "trajectories_failed": prog.trajectories_lost,
@@ -314,6 +345,8 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
         "interruptions": summ["interruptions"],
+        "router_moves": raw["router_moves"],
+        "placement_slack": raw["affinity_slack"],
         "role_hours": {k: round(v / 3600, 4) for k, v in led.role_s.items()},
         "prefill_time_share": round(raw["phase_split"]["prefill_time_share"], 4),
         "prefix_hit_ratio": round(raw["phase_split"]["cached_tokens"] / max(

@@ -147,3 +147,26 @@ def test_fit_workload_uses_means_of_skewed_turn_costs(prof8b: tuple[HardwareProf
     wl = fit_workload(wl0, recs, alpha=1.0)
     assert wl.env_s[0] == pytest.approx(2.0)  # the mean (the median would say 1.0)
     assert wl.output_tokens[0] == pytest.approx(190.0)
+
+
+def test_moved_turns_do_not_lower_the_cached_share(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """A turn that left its cache-holding worker (cost-aware affinity, an interruption) found no
+    cache: the profile keeps the share the turns that stayed got (what a PD prefill pool, which
+    keeps conversations, gets), and the total prompt per turn from every record."""
+    _, wl = prof8b
+    recs = []
+    for t in range(12):
+        moved = t % 3 == 0
+        for k in range(1, 4):
+            prompt, cached = 1000 * k, (0 if moved or k == 1 else 800 * (k - 1))
+            recs.append(TelemetryRecord(f"t{t}", k, prompt, cached, 100, decode_s=0.1 * (t + 1) + (5.0 if moved else 0.0), env_s=1.0,
+                                        final=k == 3, moved=moved and k > 1))
+    fit = fit_workload(wl, recs, alpha=1.0)
+    assert fit.cached_tokens[1] == pytest.approx(800) and fit.cached_tokens[2] == pytest.approx(1600)
+    assert fit.new_tokens[1] == pytest.approx(2000 - 800) and fit.new_tokens[2] == pytest.approx(3000 - 1600)
+    # the slowest trajectory (t9) moved at every turn after the first: its path carries the kept share, not 0
+    slowest = fit.tail_paths[0]
+    assert slowest[1][:2] == pytest.approx((2000 - 800, 800)) and slowest[2][:2] == pytest.approx((3000 - 1600, 1600))
+    # without the flag the same records read as a lower share (the bias this corrects)
+    plain = fit_workload(wl, [replace(r, moved=False) for r in recs], alpha=1.0)
+    assert plain.cached_tokens[1] == pytest.approx(800 * 8 / 12)

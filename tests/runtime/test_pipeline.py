@@ -114,6 +114,63 @@ def test_router_least_loaded_with_affinity() -> None:
     assert r.pick() == type(r.pick())("p", "d")
 
 
+def test_router_cost_aware_affinity_moves_within_the_slack_only_when_the_rule_says_so() -> None:
+    r = Router(affinity_slack=4, cost_aware=True)
+    r.admit("a", Role.COLOCATED)
+    r.admit("b", Role.COLOCATED)
+    r.load.update({"a": 3, "b": 1})
+    seen: list[tuple[int, int]] = []
+
+    def rule(ans: bool):
+        def f(n_p: int, n_b: int) -> bool:
+            seen.append((n_p, n_b))
+            return ans
+        return f
+
+    assert r.pick("a", rule(False)).worker == "a"  # within the slack and not worth it: stay
+    assert r.pick("a", rule(True)).worker == "b"  # within the slack but the turn gains: move
+    assert seen == [(3, 1), (3, 1)] and r.moves == {"slack": 0, "cost": 1}
+    r.load["b"] = 3
+    assert r.pick("a", rule(True)).worker == "a"  # no load gap: never asked, stays
+    assert len(seen) == 2
+    r.load.update({"a": 9, "b": 1})
+    assert r.pick("a", rule(False)).worker == "b"  # past the slack: moves whatever the rule says
+    assert r.moves == {"slack": 1, "cost": 1}
+
+
+def test_cost_aware_affinity_spreads_a_grown_pool() -> None:
+    """A batch placed on one worker, then a second worker admitted mid-batch: with the plain slack
+    the trajectories stay on their cache-holding worker (load gap within the slack); cost-aware
+    affinity moves turns whose decode saving beats re-prefilling their context, and the batch
+    finishes sooner."""
+
+    async def run(cost_aware: bool):
+        clock = LoopClock()
+        eng = engine(clock)
+        sessions: dict[str, ScriptedSession] = {}
+        pipe = _pipeline(clock, eng, sessions, batch=8, group=2, turns=4, response=800, env_s=0.5)
+        pipe.router = Router(affinity_slack=8, cost_aware=cost_aware)
+        for w in ("w0", "w1"):  # both started; w1 is admitted mid-batch, as after a grant
+            await eng.launch(ServerSpec(w, (w,), Role.COLOCATED, ""))
+        pipe.admit("w0", Role.COLOCATED, 0)
+        start = clock.now()
+        batch = asyncio.create_task(pipe.run_batch(0))
+        await clock.sleep(3.0)
+        pipe.admit("w1", Role.COLOCATED, 0)
+        recs = await batch
+        await eng.close()
+        served = {x.worker_id for x in pipe.tracker.window}
+        assert sum(x.moved for x in pipe.tracker.window) == sum(pipe.router.moves.values())  # telemetry flags each move
+        return recs, clock.now() - start, served, dict(pipe.router.moves)
+
+    recs_s, span_s, served_s, moves_s = run_virtual(run(False))
+    recs_c, span_c, served_c, moves_c = run_virtual(run(True))
+    assert all(r.status is TrajectoryStatus.COMPLETED for r in recs_s + recs_c)
+    assert served_s == {"w0"} and moves_s == {"slack": 0, "cost": 0}
+    assert served_c == {"w0", "w1"} and moves_c["cost"] > 0
+    assert span_c < span_s
+
+
 def test_interrupted_requests_resume_elsewhere_with_exact_tokens() -> None:
     """Evicting a worker mid-decode aborts its requests; each resumes on the survivor with
     prompt + partial output. The trajectories are token-for-token those of an undisturbed run."""
