@@ -246,7 +246,8 @@ class Decision:
         if self.hw is None or self.wl is None or self.n_workers < 1:
             return ()
         ns = np.arange(1, self.n_workers + 1, dtype=np.float64)
-        ms = colocated_makespan(self.hw, Stages.of(self.wl), self.wl, self.batch, ns)
+        wl_c = self.wl.colocated_view()
+        ms = colocated_makespan(self.hw, Stages.of(wl_c), wl_c, self.batch, ns)
         return tuple(round(float(x), 2) for x in ms)
 
     def to_dict(self) -> dict[str, object]:
@@ -291,7 +292,8 @@ def evaluate_table(
     in-flight batch after a mid-batch growth, ``makespan.sticky_pool``; module docstring, 6.)."""
     st = Stages.of(wl)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
-    coloc = float(colocated_makespan(hw, st, wl, batch, np.array([n_co], dtype=np.float64))[0])
+    wl_c = wl.colocated_view()  # colocated turns that moved prefill their whole prompt (profile.py)
+    coloc = float(colocated_makespan(hw, Stages.of(wl_c), wl_c, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)

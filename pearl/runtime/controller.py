@@ -232,8 +232,10 @@ class Controller:
             await self.notify(TrainingFinished(step, step, event_id=f"train-finish-{step}"))
 
     def _on_batch_start(self, r: int) -> None:
-        d = self.elastic.decision
-        self._predicted_at_start[r] = d.predicted_makespan_s if d is not None else math.nan
+        # the previous batch is queued for the trainer (the pipeline hands it over right before
+        # starting this one), so a trainer holding lent GPUs starts on it now
+        waits = r > self.pipeline.first_batch
+        self._predicted_at_start[r] = self.elastic.batch_prediction(trainer_waits=waits)
 
     async def _on_batch_done(self, r: int, records: list[TrajectoryRecord]) -> None:
         # ``run_batch(r)`` appended its makespan just before this call (no await in between)

@@ -38,7 +38,9 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
                               s) and "share" per trajectory with a resumed request (that prefill
                               / the trajectory's generation seconds)
     makespan_prediction_error median |predicted - observed| / observed over rollout batches:
-                              predicted = the decision in force when the batch started,
+                              predicted = the runtime's prediction at the batch's start (the
+                              decision in force composed with the borrow / return schedule known
+                              then, ``ElasticScheduler.batch_prediction``; session 4),
                               observed = that batch's makespan in the emulator
     interruptions, sim_events, sim_events_per_s, wall_s, role_hours
     router_moves              turns that left their previous worker: {"slack": past affinity_slack,

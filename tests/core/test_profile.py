@@ -170,3 +170,19 @@ def test_moved_turns_do_not_lower_the_cached_share(prof8b: tuple[HardwareProfile
     # without the flag the same records read as a lower share (the bias this corrects)
     plain = fit_workload(wl, [replace(r, moved=False) for r in recs], alpha=1.0)
     assert plain.cached_tokens[1] == pytest.approx(800 * 8 / 12)
+
+
+def test_colocated_view_charges_moved_turns_their_whole_prompt(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    _, wl = prof8b
+    recs = [TelemetryRecord(f"t{t}", k, 1000 * k, 0 if (t < 3 and k > 1) else 800 * (k - 1), 100, env_s=1.0,
+                            final=k == 3, moved=t < 3 and k > 1) for t in range(12) for k in (1, 2, 3)]
+    fit = fit_workload(wl, recs, alpha=1.0)
+    assert fit.moved_share == pytest.approx(3 / 12)
+    view = fit.colocated_view()
+    assert view.cached_tokens[1] == pytest.approx(0.75 * 800) and view.new_tokens[1] == pytest.approx(2000 - 600)
+    assert view.moved_share == 0.0 and view.colocated_view() == view
+    assert [a + b for a, b in zip(view.new_tokens, view.cached_tokens, strict=True)] == pytest.approx(
+        [a + b for a, b in zip(fit.new_tokens, fit.cached_tokens, strict=True)])  # the prompt is the same; only the cached part moves
+    # PD records say nothing about colocated moves: the share is kept
+    pd = [replace(r, mode="disaggregated", moved=False) for r in recs]
+    assert fit_workload(fit, pd, alpha=1.0).moved_share == pytest.approx(3 / 12)

@@ -84,3 +84,52 @@ def test_overlapping_batches_keep_their_own_predictions() -> None:
 
     ctl, p0 = run_virtual(main())
     assert ctl.batch_predictions == [(pytest.approx(p0), 100.0), (pytest.approx(3 * p0), 200.0)]
+
+
+def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None:
+    """With training GPUs lent at a batch's start and a batch waiting for the trainer, the
+    prediction is the decision's makespan, then the pool without the lent workers from the return
+    on, then the regrown pool once the step is done (``ElasticScheduler.batch_prediction``); the
+    training step estimate follows the observed spans."""
+    from pearl.core.affinity import effective_slack, typical_turn
+    from pearl.core.events import TrainingFinished, TrainingStarted
+    from pearl.core.makespan import compose_makespan, sticky_pool
+
+    async def main():
+        clock = LoopClock()
+        cfg = config(**{"workload.batch_size": 8, "workload.group_size": 4, "cluster.reserved_gpus": 2,
+                        "cluster.training_gpus": 2, "cluster.max_preemptible_gpus": 0,
+                        "policy.gate_enabled": False, "train.step_time_s": 100.0, "policy.cost_ema_alpha": 0.5})
+
+        def factory(spec: SessionSpec) -> ScriptedSession:
+            return ScriptedSession(spec, clock, turns=3, response=200, env_s=2.0)
+
+        ctl = Controller(cfg, engine(clock, cfg), factory, clock=clock, max_batches=0)
+        await ctl.start()
+        await ctl.elastic.idle()
+        el = ctl.elastic
+        alone = el.batch_prediction(trainer_waits=True)
+        assert alone == el.decision.predicted_makespan_s  # nothing lent: the decision as it is
+
+        await ctl.notify(TrainingStarted(0, event_id="s0"))
+        await clock.sleep(60.0)
+        await ctl.notify(TrainingFinished(0, 1, event_id="f0"))  # lends the 2 training GPUs (no gate)
+        await el.idle()
+        assert el.toggle.borrowed and el.decision.n_workers == 4
+        assert el.train_step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
+        got = el.batch_prediction(trainer_waits=True)
+        m_cur = el.decision.predicted_makespan_s
+        back = el.decide(4, None)
+        slack = effective_slack(el.tracker.hardware, typical_turn(el.tracker.workload), el.pipeline.router.affinity_slack)
+        n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
+        m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
+        d_ret, d_act = el.costs.deactivation_s, el.costs.activation_s
+        want = compose_makespan([(0.0, m_cur), (d_ret, el.predicted(2)), (d_ret + el.train_step_s + d_act, m_back)])
+        no_wait = el.batch_prediction(trainer_waits=False)
+        await ctl.stop()
+        return got, want, m_cur, no_wait
+
+    got, want, m_cur, no_wait = run_virtual(main())
+    assert got == pytest.approx(want)
+    assert got > m_cur  # the lent half of the pool leaves for the training step
+    assert no_wait == m_cur  # no batch for the trainer: nothing returns
