@@ -42,7 +42,10 @@ Fitting (``fit_hardware`` / ``fit_workload``) from ``TelemetryRecord`` s. Modell
 paper does not specify the estimator): the *shape* of each cost function comes from first
 principles above and telemetry calibrates its *scale*, robustly:
 
-* prefill and transfer: one scale each, the median of observed / predicted (immune to outliers);
+* prefill: one scale, the service-time ratio of the uncontended requests (``_service_scale``:
+  median of observed / predicted within 25 % of its lower decile; a request's measured prefill
+  also spans the chunks of the requests batched with it, which the makespan model adds itself);
+* transfer: one scale, the median of observed / predicted (immune to outliers);
 * decode: two scales (fixed per-step part, per-sequence part) by least squares on the per-token
   decode time ``decode_s / output_tokens = s_f * (b0 + b_e f_E(n)) + s_v * (b1 n + b2 n L)``
   after dropping records outside 5x the median ratio, over the *disaggregated* records only; with
@@ -270,15 +273,38 @@ def _robust_scale(observed: Sequence[float], predicted: Sequence[float]) -> floa
     return median(ratios)
 
 
+#: ``_service_scale``: the low quantile that marks an uncontended request, and the band above it
+#: whose median is taken (robust to timing jitter of either sign)
+SERVICE_QUANTILE = 0.1
+SERVICE_BAND = 1.25
+
+
+def _service_scale(observed: Sequence[float], predicted: Sequence[float]) -> float | None:
+    """Scale of a *service* time from response times that include sharing: the median of the
+    ratios ``observed / predicted`` within ``SERVICE_BAND`` of their ``SERVICE_QUANTILE`` (the
+    requests that ran without others' chunks in their iterations). Why (session 4): a prefill
+    worker batches the chunks of every queued request into each iteration, so a request's
+    measured prefill spans the others' compute too. On a PD prefill pool (Qwen3-8B, 3-4 prefill
+    workers, emulator) the ratios have a floor of 1.004 and a median of 1.2-1.7 (colocated: median
+    1.008); the median made every split's prefill 20-46 % slow after one PD batch, and forced PD
+    chose 5P3D over the better 4P4D on 8 GPUs and lost 11 % to colocation (Fig. 7). The makespan
+    model adds the sharing itself (prefill pool queue, colocated stalls: ``makespan.py``)."""
+    ratios = sorted(o / p for o, p in zip(observed, predicted, strict=True) if p > 0 and o > 0)
+    if not ratios:
+        return None
+    lo = ratios[int(SERVICE_QUANTILE * (len(ratios) - 1))]
+    return median([r for r in ratios if r <= lo * SERVICE_BAND])
+
+
 def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> HardwareProfile:
     """Calibrate ``prior``'s scales on telemetry (module docstring); EMA-blend with weight ``alpha``."""
     recs = [r for r in records if r.valid()]
     if not recs:
         return prior
     out = prior
-    # prefill: one robust scale on (a0, a1, a2)
+    # prefill: one scale on (a0, a1, a2), from the uncontended requests (``_service_scale``)
     pre = [r for r in recs if r.prefill_s > 0 and r.prompt_tokens > r.cached_tokens]
-    s = _robust_scale(
+    s = _service_scale(
         [r.prefill_s for r in pre], [prior.prefill_s(r.prompt_tokens - r.cached_tokens, r.cached_tokens) for r in pre]
     )
     if s is not None:

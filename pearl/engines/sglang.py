@@ -340,8 +340,11 @@ class SglangEngine:
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    return
                 self._absorb(srv, json.loads(data), st)
+            # the body closed without "[DONE]": the connection dropped (a killed server can close
+            # it cleanly between events); ``race_death`` waits for the exit and says so
+            raise aiohttp.ClientPayloadError(f"{srv.spec.worker_id}: stream closed before [DONE]")
 
     async def _run(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> bool:
         """True if the stream ended normally, False if the engine stopped the server meanwhile."""

@@ -323,11 +323,14 @@ class VllmEngine:
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    return
                 msg = json.loads(data)
                 if "error" in msg:
                     raise EngineError(srv.spec.worker_id, f"stream error: {msg['error']}")
                 self._absorb(srv, msg, st)
+            # the body closed without "[DONE]": the connection dropped (a killed server can close
+            # it cleanly between events); ``race_death`` waits for the exit and says so
+            raise aiohttp.ClientPayloadError(f"{srv.spec.worker_id}: stream closed before [DONE]")
 
     @staticmethod
     def _absorb(srv: VllmServer, msg: dict[str, Any], st: _Stream) -> None:

@@ -186,3 +186,25 @@ def test_colocated_view_charges_moved_turns_their_whole_prompt(prof8b: tuple[Har
     # PD records say nothing about colocated moves: the share is kept
     pd = [replace(r, mode="disaggregated", moved=False) for r in recs]
     assert fit_workload(fit, pd, alpha=1.0).moved_share == pytest.approx(3 / 12)
+
+
+def test_prefill_scale_is_the_service_time_not_the_shared_response_time(
+        prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """A prefill worker batches several requests' chunks per iteration, so most requests' measured
+    prefill spans others' compute; the fit takes the uncontended requests' ratio (the makespan
+    model adds the sharing), and stays robust to jitter of either sign around it."""
+    hw, _ = prof8b
+    recs = []
+    for i in range(200):
+        x, c = 2000 + 37 * i, 1000
+        own = 1.3 * hw.prefill_s(x, c)  # the worker is 1.3x slower than the prior
+        if i % 4 == 0:
+            obs = own * (1.0 + 0.03 * ((i % 7) - 3) / 3)  # alone, +-3 % jitter
+        else:
+            obs = own * (1.5 + (i % 5))  # shared with 1.5-5.5 requests' worth of chunks
+        recs.append(TelemetryRecord(f"t{i}", 2, x + c, c, 10, prefill_s=obs, decode_s=0.5, mode="disaggregated"))
+    fit = fit_hardware(hw, recs, alpha=1.0)
+    assert fit.a1 / hw.a1 == pytest.approx(1.3, rel=0.03)
+    # the plain median would read the sharing as a slower worker
+    ratios = sorted(r.prefill_s / hw.prefill_s(r.prompt_tokens - r.cached_tokens, r.cached_tokens) for r in recs)
+    assert ratios[len(ratios) // 2] > 2.5
