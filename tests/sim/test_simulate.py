@@ -33,6 +33,10 @@ def test_summary_fields(result: dict[str, Any]) -> None:
         assert s["rollout_steps"] >= 2 and s["train_steps"] >= 1
         assert s["trajectories_per_hour"] > 0
         assert set(s["gpu_hours"]) >= {"reserved", "preemptible", "borrowed", "training"}
+        # whole batches per hour: B * rollout_steps up to the last whole batch's end, which is
+        # before the segment's end, so at least the whole batches' share of the counted figure
+        assert s["batch_rate_per_hour"] * (1 + 1e-9) >= B * s["rollout_steps"] / (960.0 / 3600)
+        assert set(s["router_moves"]) == {"slack", "cost"} and s["placement_slack"] >= 0
 
 
 def test_nothing_lost(result: dict[str, Any]) -> None:
