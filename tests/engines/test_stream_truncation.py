@@ -43,37 +43,30 @@ VLLM_EVENTS: list[dict[str, object]] = [{"choices": [{"token_ids": [5, 6], "logp
 SGLANG_EVENTS: list[dict[str, object]] = [{"output_ids": [5, 6], "meta_info": {"output_token_logprobs": [[-0.1, 5], [-0.2, 6]]}}]
 
 
-@pytest.mark.parametrize("done", [True, False])
-async def test_vllm_stream_must_end_with_done(tmp_path: Path, done: bool) -> None:
-    runner, url = await _server(VLLM_EVENTS, done)
+def _vllm(tmp_path: Path):  # type: ignore[no-untyped-def]
     eng = vl.VllmEngine(tmp_path)
-    srv = SimpleNamespace(url=url, spec=SimpleNamespace(worker_id="d"), inflight=0)
-    st = vl._Stream()
-    try:
-        if done:
-            await eng._stream(srv, {"stream": True, "request_id": "r"}, st)  # type: ignore[arg-type]
-            assert st.tokens == [5, 6]
-        else:
-            with pytest.raises(aiohttp.ClientPayloadError, match="closed before"):
-                await eng._stream(srv, {"stream": True, "request_id": "r"}, st)  # type: ignore[arg-type]
-            assert st.tokens == [5, 6]  # what arrived is kept for the partial result
-    finally:
-        await eng.close()
-        await runner.cleanup()
+    return eng, VLLM_EVENTS, vl._Stream(), lambda srv, st: eng._stream(srv, {"stream": True, "request_id": "r"}, st)
+
+
+def _sglang(tmp_path: Path):  # type: ignore[no-untyped-def]
+    eng = sg.SglangEngine(tmp_path)
+    return eng, SGLANG_EVENTS, sg._Stream(), lambda srv, st: eng._read(srv, {"stream": True, "rid": "r"}, st)
 
 
 @pytest.mark.parametrize("done", [True, False])
-async def test_sglang_stream_must_end_with_done(tmp_path: Path, done: bool) -> None:
-    runner, url = await _server(SGLANG_EVENTS, done)
-    eng = sg.SglangEngine(tmp_path)
+@pytest.mark.parametrize("adapter", [_vllm, _sglang], ids=["vllm", "sglang"])
+async def test_stream_must_end_with_done(tmp_path: Path, adapter, done: bool) -> None:  # type: ignore[no-untyped-def]
+    eng, events, st, read = adapter(tmp_path)
+    runner, url = await _server(events, done)
     srv = SimpleNamespace(url=url, spec=SimpleNamespace(worker_id="d"), inflight=0)
-    st = sg._Stream()
     try:
         if done:
-            await eng._read(srv, {"stream": True, "rid": "r"}, st)  # type: ignore[arg-type]
+            await read(srv, st)
         else:
             with pytest.raises(aiohttp.ClientPayloadError, match="closed before"):
-                await eng._read(srv, {"stream": True, "rid": "r"}, st)  # type: ignore[arg-type]
+                await read(srv, st)
+        if adapter is _vllm:
+            assert st.tokens == [5, 6]  # what arrived is kept (the partial result of a dead server)
     finally:
         await eng.close()
         await runner.cleanup()
