@@ -158,6 +158,8 @@ class Router:
         self.cost_aware = cost_aware
         #: turns that left their previous worker for a less loaded one, by reason
         self.moves: dict[str, int] = {"slack": 0, "cost": 0}
+        #: why the last ``pick`` left ``prefer``: "", "slack" or "cost" (``acquire`` counts it in ``moves``)
+        self.last_move = ""
         self._roles: dict[str, Role] = {}
         self.load: dict[str, int] = {}
         self._changed = asyncio.Event()
@@ -194,9 +196,14 @@ class Router:
 
     def _least(self, role: Role, prefer: str, node: str | None = None,
                move: Callable[[int, int], bool] | None = None) -> str | None:
-        """Least-loaded worker of ``role`` (on ``node``); the ``prefer`` worker is kept unless its
-        load exceeds the least by more than ``affinity_slack`` or ``move(n_prefer, n_best)`` says
-        leaving pays (cost-aware affinity)."""
+        return self._choose(role, prefer, node, move)[0]
+
+    def _choose(self, role: Role, prefer: str, node: str | None = None,
+                move: Callable[[int, int], bool] | None = None) -> tuple[str | None, str]:
+        """Least-loaded worker of ``role`` (on ``node``) and why it is not ``prefer`` ("" when it
+        is, or when there was nothing to prefer): the ``prefer`` worker is kept unless its load
+        exceeds the least by more than ``affinity_slack`` ("slack") or ``move(n_prefer, n_best)``
+        says leaving pays ("cost": cost-aware affinity)."""
         best, best_load = None, 0
         for w, r in self._roles.items():
             if r is not role or (node is not None and self._node(w) != node):
@@ -208,15 +215,13 @@ class Router:
                 (node is None or self._node(prefer) == node):
             n_p = self.load.get(prefer, 0)
             if n_p <= best_load:
-                return prefer
+                return prefer, ""
             if n_p > best_load + self.affinity_slack:
-                self.moves["slack"] += 1
-                return best
+                return best, "slack"
             if move is not None and move(n_p, best_load):
-                self.moves["cost"] += 1
-                return best
-            return prefer
-        return best
+                return best, "cost"
+            return prefer, ""
+        return best, ""
 
     def _node(self, worker_id: str) -> str:
         """The worker's node; a worker whose node cannot be told pairs with nothing."""
@@ -253,14 +258,18 @@ class Router:
 
     def pick(self, prefer: str = "", move: Callable[[int, int], bool] | None = None) -> Route | None:
         """A route for one turn; ``move`` is the cost-aware affinity rule for a colocated turn."""
+        self.last_move = ""
         if self.paused:
             return None
-        c = self._least(Role.COLOCATED, prefer, move=move)
+        c, why = self._choose(Role.COLOCATED, prefer, move=move)
         pd = self._pair(prefer)
         if c is None and pd is None and self.pair_node is not None:
             self._warn_unpaired()
         if c is not None and (pd is None or self.load[c] <= max(self.load[pd.worker], self.load[pd.decode])):
+            self.last_move = why
             return Route(c)
+        if pd is not None and pd.worker != prefer and self._roles.get(prefer) is Role.PREFILL:
+            self.last_move = "slack"  # a PD turn's prefill worker keeps affinity by the slack rule only
         return pd
 
     async def acquire(self, clock: Clock, prefer: str = "",
@@ -269,6 +278,8 @@ class Router:
         while True:
             route = self.pick(prefer, move)
             if route is not None:
+                if self.last_move:
+                    self.moves[self.last_move] += 1
                 self.load[route.worker] = self.load.get(route.worker, 0) + 1
                 if route.decode:
                     self.load[route.decode] = self.load.get(route.decode, 0) + 1

@@ -127,15 +127,17 @@ def test_router_cost_aware_affinity_moves_within_the_slack_only_when_the_rule_sa
             return ans
         return f
 
-    assert r.pick("a", rule(False)).worker == "a"  # within the slack and not worth it: stay
-    assert r.pick("a", rule(True)).worker == "b"  # within the slack but the turn gains: move
-    assert seen == [(3, 1), (3, 1)] and r.moves == {"slack": 0, "cost": 1}
+    assert r.pick("a", rule(False)).worker == "a" and r.last_move == ""  # within the slack, not worth it
+    assert r.pick("a", rule(True)).worker == "b" and r.last_move == "cost"  # within the slack, the turn gains
+    assert seen == [(3, 1), (3, 1)]
     r.load["b"] = 3
-    assert r.pick("a", rule(True)).worker == "a"  # no load gap: never asked, stays
+    assert r.pick("a", rule(True)).worker == "a" and r.last_move == ""  # no load gap: never asked, stays
     assert len(seen) == 2
     r.load.update({"a": 9, "b": 1})
-    assert r.pick("a", rule(False)).worker == "b"  # past the slack: moves whatever the rule says
-    assert r.moves == {"slack": 1, "cost": 1}
+    assert r.pick("a", rule(False)).worker == "b" and r.last_move == "slack"  # past the slack: moves anyway
+    # ``acquire`` counts the move of the route it takes
+    route = asyncio.run(r.acquire(LoopClock(), "a", rule(True)))
+    assert route.worker == "b" and r.moves == {"slack": 1, "cost": 0} and r.load["b"] == 2
 
 
 def test_cost_aware_affinity_spreads_a_grown_pool() -> None:
