@@ -219,9 +219,14 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
         s = res["systems"]
         base = s["roll"]["trajectories_per_hour"]
         results[f"{model}/{n}"] = s
-        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ABLATION])
-    md = "## Fig. 7: ablation on fixed rollout pools (gain over ROLL)\n\n" + markdown_table(
-        ["model", "rollout GPUs", *ABLATION], rows) + "\n"
+        rate0 = s["roll"].get("batch_rate_per_hour")
+        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ABLATION]
+                    + [" / ".join(f"{100 * (s[k]['batch_rate_per_hour'] / rate0 - 1):+.1f}%" for k in list(ABLATION)[1:])
+                       if rate0 and all(s[k].get("batch_rate_per_hour") for k in ABLATION) else "-"])
+    md = ("## Fig. 7: ablation on fixed rollout pools (gain over ROLL)\n\n"
+          "Counted = completed trajectories in the hour (moves by one batch, 6-12 %, where the hour cuts a "
+          "batch); by whole batches = `batch_rate_per_hour` (no end effect).\n\n" + markdown_table(
+              ["model", "rollout GPUs", *ABLATION, "by whole batches: " + " / ".join(list(ABLATION)[1:])], rows) + "\n")
     groups = list(results)
     series = {k: [results[g][k]["trajectories_per_hour"] / results[g]["roll"]["trajectories_per_hour"] for g in groups]
               for k in ABLATION}
