@@ -53,7 +53,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pearl.config import RunConfig
-from pearl.core.affinity import effective_slack, typical_turn
 from pearl.core.decision import Allocation, Decision, DecisionError, Mode, decide
 from pearl.core.events import (
     ElasticEvent,
@@ -340,11 +339,7 @@ class ElasticScheduler:
         m_back = m_cur
         back = self.decide(n, None)
         if back.target.mode is Mode.COLOCATED and back.colocated_curve:
-            router = self.pipeline.router
-            slack = float(router.affinity_slack)
-            if router.cost_aware:
-                slack = effective_slack(self.tracker.hardware, typical_turn(self.tracker.workload),
-                                        router.affinity_slack)
+            slack = float(self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload))
             n_eff = sticky_pool(float(d.batch), float(n - n_o), float(n), slack)
             m_back = back.colocated_curve[max(min(round(n_eff), n), 1) - 1]
         if not (math.isfinite(m_without) and m_without > 0 and m_back > 0):

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import overload
 
-from pearl.core.affinity import move_gain_s, turn_cost
-from pearl.core.profile import TelemetryRecord
+from pearl.core.affinity import effective_slack, move_gain_s, turn_cost, typical_turn
+from pearl.core.profile import HardwareProfile, TelemetryRecord, WorkloadProfile
 from pearl.core.state import Role
 from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus, check_trajectory_transition
 from pearl.engines.base import (
@@ -193,6 +193,14 @@ class Router:
         self._warned_unpaired = False
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def placement_slack(self, hw: HardwareProfile, wl: WorkloadProfile) -> int:
+        """The load gap an in-flight batch settles within after a pool grows: ``affinity_slack``,
+        or with cost-aware affinity the gap the rule tolerates for the profiles' typical turn
+        (``pearl.core.affinity.effective_slack``; ``makespan.sticky_pool``'s ``s``)."""
+        if not self.cost_aware:
+            return self.affinity_slack
+        return effective_slack(hw, typical_turn(wl), self.affinity_slack)
 
     def _least(self, role: Role, prefer: str, node: str | None = None,
                move: Callable[[int, int], bool] | None = None) -> str | None:

@@ -66,7 +66,6 @@ from pathlib import Path
 from typing import Any
 
 from pearl.config import RunConfig
-from pearl.core.affinity import effective_slack, typical_turn
 from pearl.core.decision import decide
 from pearl.core.events import ReclaimNotice
 from pearl.core.makespan import compose_makespan, sticky_pool
@@ -115,16 +114,6 @@ def _batch_rate(raw: dict[str, Any], batch: int) -> float | None:
     if not ends or ends[-1] <= t0:
         return None
     return round(3600.0 * batch * len(ends) / (ends[-1] - t0), 3)
-
-
-def _placement_slack(ctrl: Controller) -> int:
-    """The load slack an in-flight batch settles within after a pool change: the router's
-    ``affinity_slack``, or with cost-aware affinity the gap its rule tolerates for the final
-    profiles' typical turn (``pearl.core.affinity.effective_slack``)."""
-    router = ctrl.pipeline.router
-    if not router.cost_aware:
-        return router.affinity_slack
-    return effective_slack(ctrl.tracker.hardware, typical_turn(ctrl.tracker.workload), router.affinity_slack)
 
 
 def _steady_error(raw: dict[str, Any]) -> tuple[float | None, int]:
@@ -286,7 +275,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
         "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
-        "affinity_slack": _placement_slack(ctrl),
+        "affinity_slack": ctrl.pipeline.router.placement_slack(ctrl.tracker.hardware, ctrl.tracker.workload),
         "router_moves": dict(ctrl.pipeline.router.moves),
         "phase_split": engine.phase_split(),
         "resume_prefill": engine.resume_prefill(),
