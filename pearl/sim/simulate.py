@@ -149,7 +149,7 @@ def _piecewise_error(raw: dict[str, Any], placed: bool = False) -> tuple[float |
     colocated allocation that *grew* mid-batch is predicted for the pool the in-flight batch can
     use under the router's conversation affinity, not for the whole pool: ``M_i = M_coloc(n_eff)``
     with ``n_eff = sticky_pool(B, n_placed, N_i, s)`` (``pearl.core.makespan``, formula there;
-    ``s`` = the router's ``affinity_slack``, ``raw["affinity_slack"]``, default 4), ``n_placed``
+    ``s`` = the router's placement slack, ``raw["placement_slack"]``, default 4), ``n_placed``
     = the previous segment's ``n_eff`` (``N`` at the batch's start, after a shrink and after a
     P:D segment), ``M_coloc`` the decision's ``colocated_by_workers`` interpolated linearly in
     ``1 / n``. Splits keep their own prediction. ``A = B``: the change is counted with every
@@ -158,7 +158,7 @@ def _piecewise_error(raw: dict[str, Any], placed: bool = False) -> tuple[float |
              if h.get("kind") == "replan" and isinstance(h.get("decision"), dict)
              and h["decision"].get("predicted_makespan_s")]
     plans.sort(key=lambda x: x[0])
-    slack = float(raw.get("affinity_slack", 4))
+    slack = float(raw.get("placement_slack", 4))
     spans = list(raw.get("batch_makespans", []))
     ends = raw["batch_ends"]
     errs = []
@@ -275,7 +275,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         "sampler": sampler, "trainer": trainer.stats, "events": engine.events, "submitted": submitted,
         "batch_ends": list(ctrl.pipeline.stats.batch_ends),
         "batch_makespans": list(ctrl.pipeline.stats.batch_makespans),
-        "affinity_slack": ctrl.pipeline.router.placement_slack(ctrl.tracker.hardware, ctrl.tracker.workload),
+        "placement_slack": ctrl.pipeline.router.placement_slack(ctrl.tracker.hardware, ctrl.tracker.workload),
         "router_moves": dict(ctrl.pipeline.router.moves),
         "phase_split": engine.phase_split(),
         "resume_prefill": engine.resume_prefill(),
@@ -337,7 +337,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
         "interruptions": summ["interruptions"],
         "router_moves": raw["router_moves"],
-        "placement_slack": raw["affinity_slack"],
+        "placement_slack": raw["placement_slack"],
         "role_hours": {k: round(v / 3600, 4) for k, v in led.role_s.items()},
         "prefill_time_share": round(raw["phase_split"]["prefill_time_share"], 4),
         "prefix_hit_ratio": round(raw["phase_split"]["cached_tokens"] / max(

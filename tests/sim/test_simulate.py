@@ -154,12 +154,12 @@ def test_placed_prediction_runs_a_grown_pool_at_its_sticky_share() -> None:
     # a batch starts on 4 workers (250 s), 125 s later the pool grows to 20: the batch keeps 64/10
     # per old worker (sticky_pool = 10), so the rest (1/2) runs at M(10) = 100 s, not M(20) = 50 s
     raw = {"history": [rp(0.0, 4), rp(125.0, 20)], "batch_ends": [175.0], "batch_makespans": [175.0],
-           "affinity_slack": 4}
+           "placement_slack": 4}
     assert _piecewise_error(raw, placed=True) == (pytest.approx(0.0, abs=1e-4), 1)
     assert _piecewise_error(raw)[0] == pytest.approx(abs(150.0 - 175.0) / 175.0, abs=1e-4)
     # a shrink rebalances over the survivors: the placed prediction is the plain one
     raw = {"history": [rp(0.0, 4), rp(50.0, 2)], "batch_ends": [500.0], "batch_makespans": [500.0],
-           "affinity_slack": 4}
+           "placement_slack": 4}
     assert _piecewise_error(raw, placed=True) == _piecewise_error(raw)
     # ... but growing back is sticky again: 64/2 = 32 per old worker > 64/4 + 4 * 2/4 = 18
     raw["history"] = [rp(0.0, 4), rp(50.0, 2), rp(100.0, 4)]
