@@ -40,9 +40,18 @@ through the split's per-stage state::
     M_PD = max_j sum_{k <= K_j} T_jk + W_start
     T_jk = (W_s + P(x_jk, c_jk) + X(x_jk + c_jk) + o_jk tau(n_s, L_jk) + e_jk) C_s / C_lat,s
 
-(``s`` the stage of turn k; ``W_s``, ``n_s``, ``C_s``, ``C_lat,s`` from the fixed point below; the
-ratio stretches a turn when a throughput bound, not latency, sets the stage's cycle; ``L_jk =
-x_jk + c_jk + o_jk / 2``). Colocation keeps ``rho T_mean``: there the measured ratio *is* the
+(``W_s``, ``n_s``, ``C_s``, ``C_lat,s`` from the fixed point below; the ratio stretches a turn
+when a throughput bound, not latency, sets the stage's cycle; ``L_jk = x_jk + c_jk + o_jk / 2``).
+``s = s(t_jk)`` is the stage the batch is in when turn k *starts*, ``t_jk = sum_{i<k} T_ji``: the
+stage whose end time on the batch front, ``E_s = sum_{s' <= s} T_s' C_s'`` (``T_s`` turns in
+group s), is the first at or after ``t_jk`` (the last stage past the front's end). Why by time,
+not by turn number (session 5, measured): a slow path lags the batch, so its late turns run when
+fewer trajectories are left than the turn number says - smaller decode batches, shorter prefill
+queues. Indexed by turn number, the slowest paths were charged the crowded mid-batch state for
+those turns and every split came out too slow on the seeds where the slowest trajectory lagged
+most (emulator, Qwen3-8B, 8 paired seeds x 6 budgets, 540 split runs: median |error| 3.3 % ->
+2.1 %; on 8 workers the best split 3P5D was predicted 4-9 % slow and lost to colocation).
+Colocation keeps ``rho T_mean``: there the measured ratio *is* the
 mechanism (a modelled slowest path missed ~3.5 % of it on 8 workers: the sticky workers'
 uneven load). Modelling choice: the paths are the observed slowest 4 (``profile.TAIL_PATHS``).
 
@@ -115,8 +124,27 @@ m = max(B_k / N_D, 1) trajectories each)::
 
 Feasibility of a disaggregated split (paper Sec. 4.2):
 
-* enough prefill capacity: ``B_k P / (N_P max(C_lat, C_D)) <= u_max`` at every stage, i.e. the
-  prefill pool keeps up with what the decode side can absorb;
+* enough prefill capacity for the batch's token workload: the prefill pool keeps up with what the
+  decode side can absorb, *over the batch*::
+
+      u_batch = sum_s T_s B_s P_s / (N_P sum_s T_s max(C_lat, C_D)_s) <= u_max
+
+  (``T_s`` turns in group s, ``B_s`` its survivors: the batch's prefill work over the time its
+  turns take at the decode side's pace; a weighted mean of the per-stage utilisations
+  ``B_s P_s / (N_P max(C_lat, C_D)_s)`` with weights ``T_s max(C_lat, C_D)_s``). Why over the
+  batch and not at every stage (session 5, measured on the emulator, Qwen3-8B, ``paper``
+  workload): the first version required each stage's utilisation to be <= u_max. That rejected
+  3P5D on 8 workers in 8 of 8 seeds, because the mid-batch stages (58-64 trajectories still
+  running, the longest prompts) reach u ~ 1.0-1.05. Yet 3P5D was the fastest allocation the
+  emulator measured on all 8 seeds (1.9 % ahead of 4P4D and 4.5 % ahead of colocation, mean of 8
+  paired seeds), at u_batch ~ 0.9: a transient overload builds a backlog that the slack stages
+  drain, and what it costs is already in the makespan, whose cycle is bounded below by ``C_P``
+  at every stage. Splits the emulator runs far slower stay out: 2P6D on 8 workers (u_batch ~
+  1.3; 586 s measured vs 426 s colocated), 1P3D on 4 (~1.8). Not chosen: the check against the
+  predicted makespan, ``sum_s T_s B_s P_s / N_P <= u_max M_PD``, is vacuous here, because
+  ``C_P = B_s P_s / (N_P u_max)`` stretches ``M_PD`` until the ratio sits just under ``u_max``
+  for every split (0.946 at 1P7D, B = 1024). Modelling choice: ``u_max`` =
+  ``policy.max_prefill_utilization`` (0.95) in both the check and ``C_P``;
 * KV memory: ``B * K_seq <= N_D * H_max``.
 
 In-flight batch after a pool change (session 3, ``sticky_pool``). Every formula above is for a
@@ -298,6 +326,8 @@ class DisaggResult:
     makespan_s: F64
     prefill_ok: npt.NDArray[np.bool_]
     kv_ok: npt.NDArray[np.bool_]
+    #: ``u_batch`` of each candidate (module docstring, "Feasibility"); ``prefill_ok = u_batch <= u_max``
+    prefill_util: F64
 
 
 def disaggregated_makespan(
@@ -331,33 +361,39 @@ def disaggregated_makespan(
         n = 0.5 * n + 0.5 * np.clip(m * d / c_cyc, 1.0, m)
         if _converged(prev, c_cyc):
             break
-    u_req = bk * p / (npf * np.maximum(c_lat, c_d))
-    prefill_ok = (u_req <= u_max).all(axis=1)
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
+    total: F64
     if wl.tail_paths and st.turn_stage:
-        slowest = _slowest_path_disagg(hw, st, wl.tail_paths, w, n, c_cyc / c_lat)
-        return DisaggResult(slowest + start, prefill_ok, kv_ok)
-    weights, factor = st.path(wl, batch)
-    total: F64 = factor * ((weights * c_cyc).sum(axis=1) + start)
-    return DisaggResult(total, prefill_ok, kv_ok)
+        total = _slowest_path_disagg(hw, st, wl.tail_paths, w, n, c_lat, c_cyc) + start
+    else:
+        weights, factor = st.path(wl, batch)
+        total = factor * ((weights * c_cyc).sum(axis=1) + start)
+    # batch-level prefill utilisation against the decode side's pace (module docstring, "Feasibility")
+    u_batch = (st.turns * bk * p).sum(axis=1) / (npf[:, 0] * (st.turns * np.maximum(c_lat, c_d)).sum(axis=1))
+    prefill_ok = u_batch <= u_max
+    return DisaggResult(total, prefill_ok, kv_ok, u_batch)
 
 
 def _slowest_path_disagg(hw: HardwareProfile, st: Stages, paths: tuple[tuple[tuple[float, float, float, float], ...], ...],
-                         w: F64, n: F64, stretch: F64) -> F64:
+                         w: F64, n: F64, c_lat: F64, c_cyc: F64) -> F64:
     """``max_j sum_k T_jk`` over the observed slowest trajectories ``j`` (module docstring), per
-    candidate; ``w``, ``n``, ``stretch`` = C / C_lat are the per-stage states, shape (M, S)."""
-    last = len(st.turn_stage) - 1
-    best = np.zeros(w.shape[0], dtype=np.float64)
+    candidate; ``w``, ``n``, ``c_lat``, ``c_cyc`` are the per-stage states, shape (M, S). Turn k
+    of a path runs in the stage the batch front has reached when the turn starts."""
+    m_cand, n_stages = w.shape
+    rows = np.arange(m_cand)
+    front_end = np.cumsum(st.turns * c_cyc, axis=1)  # E_s, (M, S)
+    stretch = c_cyc / c_lat
+    best = np.zeros(m_cand, dtype=np.float64)
     for path in paths:
-        if not path:
-            continue
-        arr = np.asarray(path, dtype=np.float64)  # (K, 4): x, c, o, e
-        x, c, o, e = (arr[:, i].reshape(1, -1) for i in range(4))
-        idx = np.asarray([st.turn_stage[min(k, last)] for k in range(arr.shape[0])], dtype=np.intp)
-        ctx = x + c + o / 2.0
-        t = (w[:, idx] + _prefill(hw, x, c) + hw.g0 + hw.g1 * (x + c) + o * _tau(hw, n[:, idx], ctx) + e) * stretch[:, idx]
-        best = np.maximum(best, t.sum(axis=1))
+        t = np.zeros(m_cand, dtype=np.float64)
+        for x, c, o, e in path:
+            s = np.minimum((front_end < t[:, None]).sum(axis=1), n_stages - 1)
+            ctx = np.full((m_cand, 1), x + c + o / 2.0)
+            tau = _tau(hw, n[rows, s].reshape(-1, 1), ctx)[:, 0]
+            fixed = hw.prefill_s(x, c) + hw.g0 + hw.g1 * (x + c) + e
+            t = t + (w[rows, s] + fixed + o * tau) * stretch[rows, s]
+        best = np.maximum(best, t)
     return best
 
 

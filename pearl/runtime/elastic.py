@@ -86,10 +86,12 @@ class _ExpansionDone:
 
 @dataclass(frozen=True, slots=True)
 class _Replan:
-    """Internal event: re-plan after something outside the queue changed the state (a shrink)."""
+    """Internal event: re-plan after something outside the queue changed the state (a shrink);
+    ``expand``: then consider the free preemptible GPUs again (the retry of a failed expansion)."""
 
     reason: str
     event_id: str = ""
+    expand: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,8 @@ class ElasticScheduler:
             await self._on_group_done(ev)
         elif isinstance(ev, _Replan):
             await self.replan(ev.reason)
+            if ev.expand:
+                await self._consider_expansion(ev.reason)
         elif isinstance(ev, _WorkerFailed):
             await self._on_worker_failed(ev)
 
@@ -458,7 +462,7 @@ class ElasticScheduler:
             return
         grp = self.rebuilder.expand(members)
         self.reconfigurations["expansion_started"] += 1
-        self._log("expand_started", group=grp.group_id, workers=sorted(members), gate=gate.to_dict(),
+        self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), gate=gate.to_dict(),
                   reason=reason)
 
     def _on_group_ready(self, grp: ExpansionGroup) -> None:
@@ -518,12 +522,14 @@ class ElasticScheduler:
 
     def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:
         """A failed expansion leaves the planned topology short (e.g. a replacement prefill worker
-        that did not start: nothing could serve); re-plan after ``delay_s`` (a bounded retry rate
-        when launches keep failing). The timer is owned like the shrink timers."""
+        that did not start: nothing could serve) and its preemptible GPUs idle; re-plan after
+        ``delay_s`` and consider those GPUs again, behind the expansion gate (a bounded retry rate
+        when launches keep failing; the retry's workers get fresh ids, ``ClusterRebuilder.expand``).
+        The timer is owned like the shrink timers."""
 
         async def later() -> None:
             await self.clock.sleep(delay_s)
-            self._put(_Replan(reason))
+            self._put(_Replan(reason, expand=True))
 
         task = asyncio.get_running_loop().create_task(later(), name="replan-after-failure")
         self._timers.add(task)

@@ -22,6 +22,12 @@ newer one meanwhile: the member reloads) and fails the whole group if any member
 ``on_ready(group)`` is called when a group is ready or failed (the Elastic Scheduler enqueues an
 event so that admission happens on its queue).
 
+**Worker ids are never reused.** The planner names a new worker after its first GPU and the state
+version (``w-<gpu>-<version>``); a failed or cancelled group leaves the version unchanged, so a
+retry on the same GPUs would get the same ids while the failed members' servers may still be
+stopping (and logs, metrics and telemetry would mix two servers under one name). ``expand``
+renames a member whose id any earlier group used to ``<id>.<k>`` (the smallest k >= 2 not used).
+
 Public names: ``ClusterRebuilder``, ``ExpansionGroup``, ``GroupStatus``, ``ShrinkReport``.
 """
 
@@ -101,6 +107,7 @@ class ClusterRebuilder:
         self.on_ready = on_ready
         self.groups: dict[str, ExpansionGroup] = {}
         self._seq = 0
+        self._issued: set[str] = set()  # every member id any group was given (module docstring)
 
     # ------------------------------------------------------------------ queries
     def preparing_gpus(self) -> set[str]:
@@ -131,9 +138,18 @@ class ClusterRebuilder:
 
     # ------------------------------------------------------------------ expansion
     def expand(self, members: dict[str, tuple[tuple[str, ...], Role]]) -> ExpansionGroup:
-        """Start preparing a group in the background; returns at once."""
+        """Start preparing a group in the background; returns at once. A member id used by an
+        earlier group is renamed (module docstring): read the ids from the returned group."""
         self._seq += 1
-        grp = ExpansionGroup(f"x{self._seq}", dict(members), self.clock.now())
+        unique: dict[str, tuple[tuple[str, ...], Role]] = {}
+        for wid, spec in members.items():
+            name, k = wid, 1
+            while name in self._issued or name in unique:
+                k += 1
+                name = f"{wid}.{k}"
+            unique[name] = spec
+        self._issued.update(unique)
+        grp = ExpansionGroup(f"x{self._seq}", unique, self.clock.now())
         self.groups[grp.group_id] = grp
         grp.task = asyncio.get_running_loop().create_task(self._prepare(grp), name=f"expansion-{grp.group_id}")
         return grp

@@ -53,7 +53,8 @@ Batch-makespan search (``best_allocation_search``): a fixed pool of ``n`` worker
 ``batches`` rollout batches (no trainer: the staleness bound stops it after ``max_staleness + 1``)
 and the mean batch makespan is the measure. The decision engine's choice comes from ``decide``
 on the same config's prior profiles refit with the colocated run's telemetry (what PEARL would
-know after one step).
+know after one step). ``seed_offset`` runs the same search on another sample of trajectories
+(Table 2 runs 8 and compares means over the paired seeds: ``experiments.combine_table2_seeds``).
 """
 
 from __future__ import annotations
@@ -465,9 +466,14 @@ def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1) -> tu
     return statistics.fmean(spans), tracker
 
 
-def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int | None = None) -> dict[str, Any]:
+def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int | None = None,
+                           seed_offset: int = 0) -> dict[str, Any]:
     """Measure colocation and every P:D split on ``n`` workers (or the ``top_k`` best predicted
-    splits); compare with the decision engine's choice (see module docstring)."""
+    splits); compare with the decision engine's choice (see module docstring). ``seed_offset``
+    shifts the workload's seed (another sample of trajectories, the same in every allocation)."""
+    if seed_offset:
+        cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(
+            update={"seed": cfg.workload.seed + seed_offset})})
     coloc_ms, tracker = measure_makespan(cfg, n, "coloc", batches)
     hw, wl = tracker.hardware, tracker.workload
     d = decide(n, cfg.workload.batch_size, hw, wl, cfg.policy)
@@ -483,6 +489,7 @@ def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int 
     best = min(measured, key=lambda k: measured[k])
     return {
         "n_workers": n,
+        "seed": cfg.workload.seed,
         "chosen": d.target.label,
         "best": best,
         "measured": {k: round(v, 3) for k, v in measured.items()},

@@ -53,6 +53,22 @@ def test_kv_constraint_marks_splits_infeasible(prof8b: Prof) -> None:
     assert not cands["4P4D"].feasible
 
 
+def test_prefill_capacity_is_checked_over_the_batch(prof8b: Prof) -> None:
+    """A split is prefill-feasible iff the batch's prefill work over the time its turns take at the
+    decode side's pace, u_batch, is within u_max (a stage may run over: its backlog drains later)."""
+    hw, wl = prof8b
+    s = Stages.of(wl)
+    n_p = np.arange(1, 8, dtype=float)
+    for batch in (64, 256):
+        res = disaggregated_makespan(hw, s, wl, batch, n_p, 8 - n_p, 0.95)
+        assert np.array_equal(res.prefill_ok, res.prefill_util <= 0.95)
+    big = disaggregated_makespan(hw, s, wl, 256, n_p, 8 - n_p, 0.95)
+    assert not big.prefill_ok[0] and big.prefill_ok[-1]  # 1P7D cannot keep up at B = 256, 7P1D can
+    # at B = 64, 2P6D keeps up over the batch, just under the cap
+    small = disaggregated_makespan(hw, s, wl, 64, n_p, 8 - n_p, 0.95)
+    assert small.prefill_ok[1] and 0.9 < small.prefill_util[1] <= 0.95
+
+
 def test_sec33_trend_ratio_moves_toward_prefill(prof8b: Prof) -> None:
     hw, wl = prof8b
     pol = PolicySpec()

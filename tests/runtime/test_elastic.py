@@ -136,6 +136,33 @@ def test_failed_member_cancels_the_whole_expansion() -> None:
     assert all(not w["gpus"][0].startswith("p") for w in st["workers"])
 
 
+def test_a_retried_expansion_never_reuses_a_failed_members_id() -> None:
+    """The failed group's servers may still be stopping when the re-plan retries the same GPUs at
+    the same state version: the retry's workers get fresh ids, and are admitted."""
+    async def main():
+        clock = LoopClock()
+        ctl, eng, _ = _controller(clock, _cfg())
+        await ctl.start()
+        eng.fail_next_launch(gpu="p2")
+        await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
+        failed = await _expansion_settled(ctl)
+        for _ in range(60):  # the re-plan 30 s after the failure considers the GPUs again
+            await clock.sleep(1.0)
+            if list(ctl.rebuilder.groups.values())[-1] is not failed:
+                break
+        retry = await _expansion_settled(ctl)
+        serving = _serving(ctl)
+        await ctl.stop()
+        return failed, retry, serving
+
+    failed, retry, serving = run_virtual(main())
+    assert failed.status.value == "failed" and retry.status.value == "admitted"
+    assert {g for gs in (s[0] for s in retry.members.values()) for g in gs} == {"p0", "p1", "p2", "p3"}
+    assert not set(failed.members) & set(retry.members)
+    assert all(w.rsplit(".", 1)[-1] == "2" for w in retry.members)  # w-p0-1 -> w-p0-1.2
+    assert set(retry.members) <= serving
+
+
 def test_urgent_shrink_releases_before_the_deadline_and_loses_nothing() -> None:
     async def main():
         clock = LoopClock()
