@@ -212,7 +212,6 @@ class Stages:
     o: F64
     e: F64
     surv: tuple[tuple[float, ...], ...] = ()
-    turn_stage: tuple[int, ...] = ()  # turn index (0-based) -> its group (turns past the end: the last)
 
     def path(self, wl: WorkloadProfile, batch: int) -> tuple[F64, float]:
         """(per-group turn weights, factor): the makespan is ``factor * sum(weights * C)``.
@@ -242,7 +241,6 @@ class Stages:
         edges = np.linspace(0, k, min(stages, k) + 1).round().astype(int)
         cols: list[list[float]] = [[], [], [], [], [], []]
         groups: list[tuple[float, ...]] = []
-        turn_stage: list[int] = []
         surv = np.asarray(wl.survival)
         arrays = [np.asarray(a, dtype=np.float64) for a in (wl.new_tokens, wl.cached_tokens, wl.output_tokens, wl.env_s)]
         for lo, hi in itertools.pairwise(edges.tolist()):
@@ -251,9 +249,7 @@ class Stages:
             w = surv[lo:hi]
             wsum = float(w.sum())
             if wsum <= 0:
-                turn_stage.extend([max(len(groups) - 1, 0)] * (hi - lo))
                 continue
-            turn_stage.extend([len(groups)] * (hi - lo))
             # turns in this group, counted for the last trajectory: each turn is on its path
             cols[0].append(float(hi - lo))
             groups.append(tuple(float(v) for v in w))
@@ -261,7 +257,7 @@ class Stages:
             for j, a in enumerate(arrays):
                 cols[2 + j].append(float((a[lo:hi] * w).sum() / wsum))
         t, alive, x, c, o, e = (np.asarray(col, dtype=np.float64).reshape(1, -1) for col in cols)
-        return Stages(t, alive, x, c, o, e, tuple(groups), tuple(turn_stage))
+        return Stages(t, alive, x, c, o, e, tuple(groups))
 
 
 @functools.lru_cache(maxsize=64)
@@ -364,7 +360,7 @@ def disaggregated_makespan(
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
     total: F64
-    if wl.tail_paths and st.turn_stage:
+    if wl.tail_paths and st.turns.size:
         total = _slowest_path_disagg(hw, st, wl.tail_paths, w, n, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)
