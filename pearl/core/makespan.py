@@ -139,11 +139,11 @@ Feasibility of a disaggregated split (paper Sec. 4.2):
   emulator measured on all 8 seeds (1.9 % ahead of 4P4D and 4.5 % ahead of colocation, mean of 8
   paired seeds), at u_batch ~ 0.9: a transient overload builds a backlog that the slack stages
   drain, and what it costs is already in the makespan, whose cycle is bounded below by ``C_P``
-  at every stage. A split whose prefill side alone is overloaded stays out: 2P6D on 8 workers
-  (586 s measured vs 426 s colocated). One whose decode side is as saturated passes - 1P3D on 4
-  workers keeps up with its 3 overloaded decode workers - and is left to the makespan
-  (predicted 1,128 s, measured 1,375 s, colocation 670 s; ``force_disaggregation`` runs it, the
-  unforced engine does not). Not chosen: the check against the
+  at every stage. A pool that cannot keep up over the batch stays out (1P7D on 8 workers). Slow
+  splits that do keep up with their decode side pass and are left to the makespan, which ranks
+  them last: 2P6D on 8 workers (586 s measured vs 426 s colocated); 1P3D on 4, whose 3 decode
+  workers are as saturated (predicted 1,128 s, measured 1,375 s, colocation 670 s;
+  ``force_disaggregation`` runs it, the unforced engine does not). Not chosen: the check against the
   predicted makespan, ``sum_s T_s B_s P_s / N_P <= u_max M_PD``, is vacuous here, because
   ``C_P = B_s P_s / (N_P u_max)`` stretches ``M_PD`` until the ratio sits just under ``u_max``
   for every split (0.946 at 1P7D, B = 1024). Modelling choice: ``u_max`` =
