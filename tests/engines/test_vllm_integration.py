@@ -78,6 +78,25 @@ async def engine(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
         await eng.close()
 
 
+# a test whose premise is "interrupt a request mid-generation" retries when the server wins the race
+RACE_ATTEMPTS = 3
+
+
+async def drained(engine: VllmEngine, rid: str, quiet_s: float = 1.0) -> bool:
+    """Wait until request ``rid``'s stream has grown by nothing for ``quiet_s``; with its server
+    stopped (SIGSTOP), everything it sent before the stop has then been read. True if the stream is
+    still open (the request is mid-generation), False if it ended."""
+    seen, still = -1, 0.0
+    while still < quiet_s:
+        await asyncio.sleep(0.1)
+        if not engine.streaming(rid):
+            return False
+        n = await engine.wait_tokens(rid, 0)  # returns at once: the stream is open
+        still = still + 0.1 if n == seen else 0.0
+        seen = n
+    return True
+
+
 def greedy(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
     return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
 
@@ -118,12 +137,19 @@ async def test_pd_equals_colocated(engine: VllmEngine) -> None:
 
 async def test_abort_returns_partial_and_resume_completes(engine: VllmEngine) -> None:
     ref = await engine.generate("p", greedy("full", LONG_TOKENS))
-    req = greedy("ab", LONG_TOKENS)
-    task = asyncio.create_task(engine.generate("p", req))
-    assert await asyncio.wait_for(engine.wait_tokens("ab", 5), 120) >= 5
-    await engine.abort("p", "ab")
-    part = await task
-    assert part.finish_reason is FinishReason.ABORT and 5 <= len(part.output_ids) < LONG_TOKENS
+    for attempt in range(RACE_ATTEMPTS):
+        req = greedy(f"ab{attempt}", LONG_TOKENS)
+        task = asyncio.create_task(engine.generate("p", req))
+        assert await asyncio.wait_for(engine.wait_tokens(req.rid, 5), 120) >= 5
+        await engine.abort("p", req.rid)
+        part = await task
+        if part.finish_reason is FinishReason.ABORT:
+            break
+        # the race was lost (the server finished before the abort reached it): that run says nothing
+        assert part.output_ids == ref.output_ids
+    else:
+        pytest.fail(f"the abort never landed mid-generation in {RACE_ATTEMPTS} tries")
+    assert 5 <= len(part.output_ids) < LONG_TOKENS
     assert part.output_ids == ref.output_ids[:len(part.output_ids)]
     cont = continuation_request(req, [part], attempt=1)
     assert cont is not None and cont.sampling.max_new_tokens == LONG_TOKENS - len(part.output_ids)
@@ -176,11 +202,21 @@ async def test_weight_update_matches_transformers(engine: VllmEngine, tiny: Path
 
 async def test_decode_server_killed_request_resumes_elsewhere(engine: VllmEngine) -> None:
     ref = await engine.generate("p", greedy("kref", LONG_TOKENS))
-    req = greedy("kill", LONG_TOKENS)
-    task = asyncio.create_task(engine.generate_pd("p", "d", req))
-    assert await asyncio.wait_for(engine.wait_tokens("kill", 8), 120) >= 8
     srv = engine.server("d")
     assert srv.proc is not None
+    for attempt in range(RACE_ATTEMPTS):
+        req = greedy(f"kill{attempt}", LONG_TOKENS)
+        task = asyncio.create_task(engine.generate_pd("p", "d", req))
+        assert await asyncio.wait_for(engine.wait_tokens(req.rid, 8), 120) >= 8
+        # freeze the server, then read what it had already sent: if the stream is still open, the
+        # kill below lands mid-generation for certain (a stopped process sends nothing more)
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        if await drained(engine, req.rid):
+            break
+        os.kill(srv.proc.pid, signal.SIGCONT)  # it had finished before the freeze: try again
+        assert (await task).output_ids == ref.output_ids
+    else:
+        pytest.fail(f"the decode server finished before every freeze in {RACE_ATTEMPTS} tries")
     os.kill(srv.proc.pid, signal.SIGKILL)
     with pytest.raises(EngineDeadError) as err:
         await asyncio.wait_for(task, 60)
