@@ -167,11 +167,16 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
         "",
         "A journaled controller (`pearl/runtime/journal.py`: SQLite, WAL mode) runs in a subprocess; it is "
         f"killed with SIGKILL after handing {restart['killed_after_batches']} batches to the trainer and "
-        "completing 5 more trajectories (the rest of the batch mid-flight). A new controller opens the same "
-        "journal and runs until 3 more batches are consumed.",
+        "completing 5 more trajectories (the rest of the batch mid-flight). A batch is journaled as consumed "
+        "only once the update trained on it is done; one the trainer holds mid-update at the kill is delivered "
+        "to it again after the restart. A new controller opens the same journal and runs until 3 more batches "
+        "are consumed.",
         "",
         _table(["", "journaled at the kill", "after the restart"], [
-            ["completed, consumed by the trainer", j["consumed"], f"{r['consumed_redelivered']} re-delivered"],
+            ["completed, consumed by the trainer (update done)", j["consumed"],
+             f"{r['consumed_redelivered']} re-delivered"],
+            ["held by the trainer mid-update (not consumed)", j.get("held_by_trainer", 0),
+             f"{r.get('held_by_trainer_redelivered', 0)} delivered to the trainer again, as journaled"],
             ["completed, not yet consumed", j["completed_unconsumed"],
              f"{r['completed_redelivered_as_journaled']} delivered identical to the journal (not regenerated)"],
             ["in-flight trajectories with partial output", j["in_flight_trajectories"], "resumed"],

@@ -2,15 +2,16 @@
 
 ``python -m pearl.reliability.restart --journal J [--seed S]`` runs the real ``Controller`` with a
 ``Journal`` on the emulated engine in virtual time, with the emulated trainer consuming batches,
-and prints ``batch <r> <ids...>`` each time the trainer takes a batch (flushed: the parent knows
-what was acknowledged). The parent kills it with SIGKILL at a point of its choosing
+and prints ``batch <n> <ids...>`` each time the trainer takes a batch and ``trained`` each time it
+finishes an update (flushed: the parent knows what was acknowledged). The parent kills it with SIGKILL at a point of its choosing
 (``kill_and_restart``), then restarts a controller in-process on the same journal and runs until
 ``more_batches`` further batches are consumed, then compares:
 
 * ``journaled``: what the journal held at the kill - completed trajectories (and which the
-  trainer had consumed), partial parts and tokens of in-flight trajectories, the GPU table;
+  trainer had consumed: trained on, the update done; a batch the trainer held mid-update is not), partial parts and tokens of in-flight trajectories, the GPU table;
 * ``recovered``: unconsumed completed trajectories re-delivered *as journaled* (identical
-  records, not regenerated), consumed ones never re-delivered, journaled parts replayed by
+  records, not regenerated; the batch the trainer held at the kill among them), consumed ones never
+  re-delivered, journaled parts replayed by
   ``JournaledEngine`` (tokens reused, not generated again), and every delivered trajectory passing
   the exact token-position check of ``pearl.reliability.invariants``.
 
@@ -76,8 +77,12 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, start_
             done.set_result(None)
         return batch
 
+    async def publish(version: int) -> None:  # the update is done: journaled consumed, then acknowledged
+        await ctrl.publish(version, None)
+        on_batch(None, None)
+
     await ctrl.start()
-    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take, ctrl.notify, lambda v: ctrl.publish(v, None))
+    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take, ctrl.notify, publish)
     trainer.stats.version = trainer.stats.steps = start_version
     trainer.start()
     try:
@@ -116,10 +121,13 @@ def kill_and_restart(journal_path: str | Path, seed: int = 0, kill_after_batches
                              "--seed", str(seed)], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     acked: list[list[str]] = []
+    trained = 0  # the first ``trained`` acked batches finished training (FIFO, one update each)
     done_after = 0
     for line in proc.stdout:
         if line.startswith("batch "):
             acked.append(line.split()[2:])
+        elif line.startswith("trained"):
+            trained += 1
         elif line.startswith("done ") and len(acked) >= kill_after_batches:
             done_after += 1
             if done_after >= kill_after_done:
@@ -130,13 +138,18 @@ def kill_and_restart(journal_path: str | Path, seed: int = 0, kill_after_batches
     rep = RestartReport(len(acked))
     with Journal(journal_path) as j:
         run = j.recover()
-    acked_ids = {t for b in acked for t in b}
-    missing = acked_ids - run.consumed
+    trained_ids = {t for b in acked[:trained] for t in b}
+    missing = trained_ids - run.consumed
     if missing:
-        rep.problems.append(f"{len(missing)} trajectories the trainer acknowledged are not journaled as consumed")
+        rep.problems.append(f"{len(missing)} trajectories the trainer finished training on are not journaled "
+                            "as consumed")
+    # taken but not trained at the kill: unconsumed (delivered again below), unless the kill landed
+    # between the journal write and the acknowledgement
+    held = [t for b in acked[trained:] for t in b]
     unconsumed = {r.traj_id: r for r in run.unconsumed}
     journaled_parts = {t: ps for t, ps in run.partials.items()}
     rep.journaled = {
+        "taken": sum(map(len, acked)), "trained": len(trained_ids), "held_by_trainer": len(held),
         "completed": len(run.completed), "consumed": len(run.consumed), "completed_unconsumed": len(unconsumed),
         "in_flight_trajectories": len(journaled_parts),
         "partial_parts": sum(len(ps) for ps in journaled_parts.values()), "partial_tokens": run.partial_tokens,
@@ -196,6 +209,7 @@ def kill_and_restart(journal_path: str | Path, seed: int = 0, kill_after_batches
         "completed_redelivered_as_journaled": same, "consumed_redelivered": len(redelivered),
         "partial_parts_replayed": stats["replayed_parts"], "partial_tokens_replayed": stats["replayed_tokens"],
         "partial_tokens_in_final_trajectories": kept_tokens, "restart_first_batch": stats["first_batch"],
+        "held_by_trainer_redelivered": sum(1 for t in held if t in unconsumed and by_id.get(t) == unconsumed[t]),
         "delivered_after_restart": len(delivered),
     }
     return rep
@@ -212,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
             print("batch", len(batch), *[r.traj_id for r in batch], flush=True)
         if rec is not None:
             print("done", rec.traj_id, flush=True)
+        if batch is None and rec is None:
+            print("trained", flush=True)
 
     run_virtual(_run(restart_config(args.seed), args.journal, None, 0, on_batch))
 

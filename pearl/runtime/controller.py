@@ -39,6 +39,7 @@ Public names: ``Controller``, ``TrainerHook``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 from collections.abc import Sequence
@@ -96,6 +97,8 @@ class Controller:
         # Durable journal (pearl/runtime/journal.py): on a restart its recovered run restores the
         # GPU table, completed trajectories and partial outputs (replayed at the engine boundary).
         self.journal = journal
+        self._taken: collections.deque[list[str]] = collections.deque()  # batches being trained on
+        self._trained: list[str] = []  # trained on, not yet durable (no checkpoint since)
         self.recovered: RecoveredRun | None = None
         if journal is not None:
             self.recovered = journal.recover()
@@ -200,17 +203,39 @@ class Controller:
 
     # ------------------------------------------------------------------ trainer side
     async def take_batch(self) -> list[TrajectoryRecord]:
+        """The next rollout batch for the trainer. It is journaled as consumed only once the update
+        trained on it is durable (``batch_trained``; ``publish`` calls it): a batch the trainer held
+        when the service stopped is delivered again, as journaled, after a restart."""
         batch = await self.pipeline.next_batch()
-        if self.journal is not None:  # handed to the trainer: never re-delivered after a restart
-            self.journal.record_consumed(r.traj_id for r in batch)
+        self._taken.append([r.traj_id for r in batch])
         return batch
+
+    def batch_trained(self, durable: bool = True) -> None:
+        """The trainer finished with the oldest batch it took (``take_batch``). ``durable``: the
+        trainer's state after it survives a restart (a checkpoint was written, or the trainer has no
+        state to lose, as the emulated one); only then are this batch and every earlier trained one
+        journaled as consumed. With ``train.checkpoint_every`` > 1 the batches of the updates between
+        checkpoints stay unconsumed until the next checkpoint: a restart resumes from the older
+        checkpoint and trains on them again, so none is lost and none is trained twice into the
+        weights that survive."""
+        if not self._taken:
+            raise RuntimeError("batch_trained() without a batch taken by take_batch()")
+        self._trained.extend(self._taken.popleft())
+        if durable:
+            if self.journal is not None:
+                self.journal.record_consumed(self._trained)
+            self._trained.clear()
 
     async def notify(self, event: ElasticEvent) -> SubmitResult:
         """Submit and wait until handled (``TrainingStarted``: until borrowed GPUs are back)."""
         return await self.elastic.submit(event, wait=True)
 
-    async def publish(self, version: int, path: str | None = None) -> None:
-        """A new policy version exists: staleness gate moves, serving workers load it."""
+    async def publish(self, version: int, path: str | None = None, *, durable: bool = True) -> None:
+        """A new policy version exists: staleness gate moves, serving workers load it. The update
+        that made it finished with the oldest taken batch: ``batch_trained(durable)`` (nothing when
+        no batch was taken, as when initial weights are published)."""
+        if self._taken:
+            self.batch_trained(durable)
         if version <= self._weights[0]:
             return
         if path is None and self.registry is not None and version in self.registry.versions():

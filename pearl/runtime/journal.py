@@ -11,7 +11,7 @@ Life cycle::
     j = Journal(path)                      # opens / creates; WAL mode; schema created if missing
     j.record_partial(tid, turn, toks, lps, v)   # an aborted request's output (kept for resumption)
     j.record_trajectory(record)            # completed: record + drop its partials (one transaction)
-    j.record_consumed([tid, ...])          # handed to the trainer (never re-delivered)
+    j.record_consumed([tid, ...])          # trained on, update durable (never re-delivered)
     j.record_state(state.to_dict())        # the GPU-worker-role table after every applied change
     ...  kill -9  ...
     run = Journal(path).recover()          # RecoveredRun(completed, partials, state, consumed)
@@ -32,8 +32,11 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
 * writes: every generation result passes ``JournaledEngine`` (the runtime's engine is wrapped)
   and is journaled as a part of its ``(trajectory, turn)`` before the pipeline sees it - normal,
   aborted, or the partial carried by ``EngineDeadError``; every completed trajectory
-  (``pipeline.on_trajectory_done``); every batch the trainer takes (``take_batch`` ->
-  ``record_consumed``); every state change (``executor.listeners`` -> ``record_state``).
+  (``pipeline.on_trajectory_done``); every batch the trainer has trained on once the update is
+  durable (``publish`` / ``batch_trained`` -> ``record_consumed``: after a checkpoint, so a batch
+  the trainer held mid-update, or trained on after the last checkpoint, is delivered again after a
+  restart, which resumes the trainer from that checkpoint); every state change
+  (``executor.listeners`` -> ``record_state``).
 * restart (a controller built on an existing journal):
 
   1. ``recover()`` gives the last GPU table, the completed trajectories (and which were consumed)
@@ -266,7 +269,8 @@ class Journal:
         self._tx([("DELETE FROM partials WHERE traj_id=?", (traj_id,))])
 
     def record_consumed(self, traj_ids: Iterable[str]) -> None:
-        """Mark completed trajectories as handed to the trainer (they are never re-delivered)."""
+        """Mark completed trajectories as consumed: the trainer's update on them is durable
+        (``Controller.batch_trained``); they are never re-delivered."""
         ids = [(t,) for t in traj_ids]
         if not ids:
             return

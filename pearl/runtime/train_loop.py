@@ -9,7 +9,9 @@ One iteration (one training step)::
     result = await trainer.train_step(batch)               TrainingStarted -> update -> TrainingFinished
                                                            (the trainer tells the toggle manager itself)
     if result.updated: registry.register(snapshot)
-                       await controller.publish(version, snapshot.path)   workers reload
+                       await controller.publish(version, snapshot.path,   workers reload; the batch
+                                                durable=result.checkpointed)  is journaled consumed
+    else:              controller.batch_trained(result.checkpointed)          once checkpointed
     on_step(StepRecord)                                    progress line, timings
 
 ``trainer`` is any object with ``version`` and ``train_step(records) -> TrainResult``
@@ -128,11 +130,14 @@ async def train_loop(
         result = await trainer.train_step(batch)
         train_s = now() - t_tr
         sync_s = 0.0
+        durable = bool(getattr(result, "checkpointed", True))
         if result.updated and result.snapshot is not None:
             registry.register(result.snapshot)
             t_sync = now()
-            await controller.publish(result.version, result.snapshot.path)
+            await controller.publish(result.version, result.snapshot.path, durable=durable)
             sync_s = now() - t_sync
+        else:  # nothing trained (every group filtered): the batch is done with all the same
+            controller.batch_trained(durable)
         rec = StepRecord(len(out) + 1, result.version, len(batch), _mean([r.reward for r in batch]),
                          train_s, sync_s, dict(result.metrics), dict(getattr(result, "timings", {}) or {}))
         out.append(rec)

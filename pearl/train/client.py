@@ -76,6 +76,10 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     report: FilterReport = field(default_factory=FilterReport)
+    #: the trainer's state after this call (``step``) is in a checkpoint a restart resumes from:
+    #: ``step % train.checkpoint_every == 0`` (step 0 is the base model; a skipped call leaves the
+    #: state of ``step`` unchanged)
+    checkpointed: bool = True
 
     @property
     def updated(self) -> bool:
@@ -278,7 +282,7 @@ class TrainerClient:
             if denom <= 0:
                 self._last_end = self._now()
                 return TrainResult(self.step, self.step, None, {**report.to_dict(), "skipped": 1.0},
-                                   {"pack_s": t_pack - t0}, report)
+                                   {"pack_s": t_pack - t0}, report, self.step % self.spec.checkpoint_every == 0)
             step = self.step + 1
             if self._on_event is not None:
                 await self._on_event(TrainingStarted(step=step, event_id=f"train-start-{step}"))
@@ -320,7 +324,8 @@ class TrainerClient:
                 await self._on_event(TrainingFinished(step=step, weight_version=step,
                                                       expected_idle_s=self._idle_ema,
                                                       event_id=f"train-finish-{step}"))
-            return TrainResult(step, step, self.latest, metrics, timings, report)
+            return TrainResult(step, step, self.latest, metrics, timings, report,
+                               step % self.spec.checkpoint_every == 0)
 
     async def digests(self) -> list[str]:
         """Per-rank sha256 of the parameters (equal on every rank after each step)."""

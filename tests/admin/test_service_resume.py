@@ -116,3 +116,25 @@ def test_resume_point_names_a_missing_snapshot(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "step-000004" / "trainer.pt").write_bytes(b"x")
     with pytest.raises(ResumeError, match=r"snapshots/v4"):
         resume_point(tmp_path)
+
+
+@pytest.mark.timeout(600)
+async def test_an_update_without_a_checkpoint_is_trained_again_after_a_restart(tmp_path: Path) -> None:
+    """``train.checkpoint_every: 2``: run 1's single update writes no checkpoint, so its batch stays
+    unconsumed in the journal; run 2 starts from the base model and trains on that batch again."""
+    from pearl.models import ensure_models
+    from pearl.runtime.journal import Journal
+
+    ensure_models(MODELS_DIR, ("tiny-qwen3",))
+    out = tmp_path / "run"
+    cfg = tiny_cfg(out)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"checkpoint_every": 2})})
+    first, _ = await run_service(cfg, steps=1)
+    assert [r.version for r in first.steps_done] == [1]
+    assert not (out / "trainer" / "checkpoints").exists() or resume_point(out / "trainer") is None
+    with Journal(first.journal_path) as j:
+        run = j.recover()
+    assert not run.consumed and len(run.completed) >= 4  # trained on, but nothing durable: not consumed
+    second, eng2 = await run_service(cfg, steps=1)
+    assert second.resumed_from is None and [r.version for r in second.steps_done] == [1]
+    assert eng2.loads[0][1:] == (0, str(MODELS_DIR / "tiny-qwen3"))
