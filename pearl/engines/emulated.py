@@ -55,9 +55,12 @@ Resumed requests (``resume_prefill``): a request whose ``rid`` carries an ``#att
 (``pearl.engines.resume.continuation_request``) resumes an interrupted one; its prompt is the
 original prompt plus the tokens already generated, and all of it that the new worker's prefix
 cache does not hold is prefilled again - work an uninterrupted request never does. The engine
-logs, per resumed request, those prompt tokens computed and the prefill seconds, and per
-conversation the generation seconds (prefill + decode of all its requests) for the paper's
-Table 3 quantity "extra prefill of a resumed request / the trajectory's generation time".
+logs, per resumed request, those prompt tokens computed, the prefill seconds (wall, admission to
+first token: it includes other requests' chunks and decode iterations interleaved with it) and the
+GPU work of those tokens alone (``_alone_prefill_s``), and per conversation the generation seconds
+(prefill + decode of all its requests) for the paper's Table 3 quantity "extra prefill of a
+resumed request / the trajectory's generation time". Modelling choice: the paper does not say
+which of the two it measured; both are reported (``share`` wall, ``work_share`` GPU work).
 
 Tokens are synthetic but deterministic: position ``q`` of conversation ``c`` gets
 ``T[(crc32(c) + q) mod vocab]`` with ``T`` a permutation of the vocabulary drawn from
@@ -243,8 +246,9 @@ class EmulatedEngine:
         self.crashes: list[str] = []  # driver errors (a bug): their requests ended as aborted
         self.events_total = 0
         self._phase_retired: dict[str, float] = dict.fromkeys(_PHASE_FIELDS, 0.0)
-        #: (conversation, prompt tokens prefilled again, prefill s) of every resumed request
-        self.resume_log: list[tuple[str, int, float]] = []
+        #: (conversation, prompt tokens prefilled again, prefill s, GPU work s of those tokens
+        #: alone) of every resumed request
+        self.resume_log: list[tuple[str, int, float, float]] = []
         self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
 
     @staticmethod
@@ -305,14 +309,30 @@ class EmulatedEngine:
         generation seconds (prefill + decode of all its requests so far; a trajectory still
         running at the end counts what it had done)."""
         extra: dict[str, float] = {}
-        for conv, _tok, sec in self.resume_log:
+        work: dict[str, float] = {}
+        for conv, _tok, sec, w in self.resume_log:
             extra[conv] = extra.get(conv, 0.0) + sec
-        shares = [sec / self._gen_s[c] for c, sec in extra.items() if self._gen_s.get(c, 0.0) > 0]
+            work[conv] = work.get(conv, 0.0) + w
+        gen = {c: g for c, g in self._gen_s.items() if g > 0}
         return {
-            "tokens": [t for _c, t, _s in self.resume_log],
-            "seconds": [sec for _c, _t, sec in self.resume_log],
-            "share": shares,
+            "tokens": [t for _c, t, _s, _w in self.resume_log],
+            "seconds": [sec for _c, _t, sec, _w in self.resume_log],
+            "work_seconds": [w for _c, _t, _s, w in self.resume_log],
+            "share": [sec / gen[c] for c, sec in extra.items() if c in gen],
+            "work_share": [w / gen[c] for c, w in work.items() if c in gen],
         }
+
+    def _alone_prefill_s(self, tokens: int, cached: int) -> float:
+        """GPU time of prefilling ``tokens`` after ``cached`` with nothing else on the worker:
+        ``sum_k prefill_chunk_s([(x_k, cached + sum_{j<k} x_j)])`` over chunks of ``chunk_tokens``.
+        This is the work a resume adds; ``prefill_s`` (wall time from admission to the first token)
+        also holds the chunks of other requests and the decode iterations interleaved with it."""
+        t, done = 0.0, 0
+        while done < tokens:
+            x = min(self.emu.chunk_tokens, tokens - done)
+            t += self.costs.prefill_chunk_s([(x, cached + done)])
+            done += x
+        return t
 
     @property
     def events(self) -> int:
@@ -482,7 +502,7 @@ class EmulatedEngine:
         conc = r.conc
         self._gen_s[r.conv] = self._gen_s.get(r.conv, 0.0) + r.prefill_s + r.decode_s
         if "#" in r.rid and r.prefill_s > 0:
-            self.resume_log.append((r.conv, r.prefilled, r.prefill_s))
+            self.resume_log.append((r.conv, r.prefilled, r.prefill_s, self._alone_prefill_s(r.prefilled, r.cached)))
         return GenerateResult(
             rid=r.rid, output_ids=out, logprobs=lps, finish_reason=reason, weight_version=r.version,
             prompt_tokens=r.input_len, cached_tokens=r.cached,

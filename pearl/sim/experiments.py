@@ -482,13 +482,15 @@ def table3(out: Path, fig5_results: Mapping[str, Any] | None = None, quick: bool
         if vals:
             rows.append([kind, len(vals), min(vals), sorted(vals)[len(vals) // 2], max(vals)])
     names = {"tokens": "extra prefill of a resumed request (prompt tokens computed again)",
-             "seconds": "extra prefill of a resumed request (s)",
-             "share": "extra prefill / the trajectory's generation time (%, per resumed trajectory)"}
+             "seconds": "extra prefill of a resumed request, wall (s: admission to first token)",
+             "work_seconds": "extra prefill of a resumed request, GPU work (s: those tokens alone)",
+             "share": "extra prefill wall / the trajectory's generation time (%, per resumed trajectory)",
+             "work_share": "extra prefill GPU work / the trajectory's generation time (%, per resumed trajectory)"}
     rrows = []
-    for kind in ("tokens", "seconds", "share"):
+    for kind in ("tokens", "seconds", "work_seconds", "share", "work_share"):
         vals = sorted(resume.get(kind, []))
         if vals:
-            k = 100.0 if kind == "share" else 1.0
+            k = 100.0 if kind.endswith("share") else 1.0
             mean = sum(vals) / len(vals)
             rrows.append([names[kind], len(vals), round(k * vals[0], 3), round(k * vals[len(vals) // 2], 3),
                           round(k * mean, 3), round(k * vals[-1], 3)])

@@ -33,10 +33,11 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
     reconfigurations          counts by kind from the Elastic Scheduler
     reconfiguration_costs_s   observed seconds by kind (Table 3)
     resume_prefill            the extra prefill of resumed requests (Table 3; emulator telemetry,
-                              ``EmulatedEngine.resume_prefill``): {"tokens": [...], "seconds":
-                              [...]} per resumed request (prompt tokens prefilled again, prefill
-                              s) and "share" per trajectory with a resumed request (that prefill
-                              / the trajectory's generation seconds)
+                              ``EmulatedEngine.resume_prefill``): {"tokens", "seconds",
+                              "work_seconds": [...]} per resumed request (prompt tokens prefilled
+                              again; prefill s, wall; GPU work of those tokens alone) and "share",
+                              "work_share" per trajectory with a resumed request (wall / work
+                              over the trajectory's generation seconds)
     makespan_prediction_error median |predicted - observed| / observed over rollout batches:
                               predicted = the runtime's prediction at the batch's start (the
                               decision in force composed with the borrow / return schedule known
@@ -326,7 +327,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "cost_per_1k_trajectories": round(1000 * cost / done, 2) if done else None,
         "reconfigurations": dict(summ["reconfigurations"]),
         "reconfiguration_costs_s": raw["costs"],
-        "resume_prefill": {k: [round(x, 5 if k == "share" else 3) for x in v]
+        "resume_prefill": {k: [round(x, 5 if k.endswith("share") else 3) for x in v]
                            for k, v in raw["resume_prefill"].items()},
         "makespan_prediction_error": (None if summ["makespan_prediction_error"] is None
                                       else round(summ["makespan_prediction_error"], 4)),

@@ -78,6 +78,31 @@ def test_a_resumed_request_logs_its_extra_prefill() -> None:
     gen = part.timings.prefill_s + part.timings.decode_s + rest.timings.prefill_s + rest.timings.decode_s
     assert stats["share"] == [pytest.approx(rest.timings.prefill_s / gen)]
     assert 0 < stats["share"][0] < 0.5
+    # alone on w2, the wall prefill is exactly the GPU work of its tokens
+    assert stats["work_seconds"] == [pytest.approx(rest.timings.prefill_s)]
+    assert stats["work_share"] == [pytest.approx(stats["share"][0])]
+
+
+def test_resumed_prefill_work_excludes_what_the_worker_interleaves() -> None:
+    """On a worker that is prefilling another long prompt, the resumed request's wall prefill holds
+    the other's chunks too; its GPU work is that of its own tokens alone."""
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
+        await eng.launch(ServerSpec("w", ("w",), Role.COLOCATED, ""))
+        loop = asyncio.get_running_loop()
+        other = loop.create_task(eng.generate("w", GenerateRequest("o/1", tuple(range(1, 30_001)), SamplingParams(50))))
+        resumed = GenerateRequest("t7/1#1", tuple(range(1, 12_001)), SamplingParams(50))
+        await eng.generate("w", resumed)
+        await other
+        await eng.close()
+        alone = eng._alone_prefill_s(12_000, 0)
+        return eng.resume_prefill(), alone
+
+    stats, alone = run_virtual(main())
+    assert stats["tokens"] == [12_000]
+    assert stats["work_seconds"] == [pytest.approx(alone)]
+    assert stats["seconds"][0] > stats["work_seconds"][0] + 0.1  # it shared chunks with the other 30K-token prompt
 
 
 def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:

@@ -40,7 +40,7 @@ def test_table3_reports_resume_prefill_and_reuses_saved_pearl_replays(tmp_path: 
     md, data = table3(tmp_path, fig5, trace=str(tmp_path / "missing.json"))
     assert data["activation"] == [5.5]  # the replayed pearl run replaces the old one
     assert data["resume_prefill"] == {"tokens": [12000, 20000], "seconds": [1.0, 3.0], "share": [0.01, 0.03]}
-    assert "| extra prefill of a resumed request (s) | 2 | 1 | 3 | 2 | 3 |" in md
+    assert "| extra prefill of a resumed request, wall (s: admission to first token) | 2 | 1 | 3 | 2 | 3 |" in md
     assert "| qwen3-8b/abundant | 120 | 2.400 |" in md
 
 
