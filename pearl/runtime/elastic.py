@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 from collections import Counter, deque
 from collections.abc import Callable
@@ -149,6 +150,9 @@ class ElasticScheduler:
         #: TrainingFinished spans, prior ``train.step_time_s``; ``batch_prediction`` uses it
         self.train_step_s = float(cfg.train.step_time_s)
         self._training_since: float | None = None
+        #: the trainer's expected idle window at its last TrainingFinished (the borrow gate's
+        #: window; ``batch_prediction`` replays that gate for a lend that would return mid-batch)
+        self._idle_window_s: float | None = None
         self.granted_at: dict[str, float] = {}
         self.notices: dict[str, _Notice] = {}
         self.shrinks: list[dict[str, Any]] = []
@@ -312,44 +316,117 @@ class ElasticScheduler:
         return self.decide(n, None).predicted_makespan_s
 
     def batch_prediction(self, trainer_waits: bool) -> float:
-        """Predicted makespan of a rollout batch starting now, with the borrow / return schedule
-        that is already known at its start (session 4; before, the decision's fresh-batch
-        makespan ``M_cur``, 18-45 % off on elastic replays). When overlap GPUs are lent and the
-        trainer has a batch waiting (``trainer_waits``: the previous rollout batch, staleness >= 1),
-        the trainer starts now, so those ``N_o`` workers return after ``d_ret`` and, the step done,
-        come back ``d_act`` after it::
+        """Predicted makespan of a rollout batch starting now, with every pool change already known
+        at its start (session 4: the borrow / return schedule; session 6: reclaim notices and
+        expansions in preparation). Before session 4 it was the decision's fresh-batch makespan
+        ``M_cur``, 18-45 % off on elastic replays. The known changes, as offsets from now:
 
-            M_hat = compose_makespan([(0, M_cur), (d_ret, M(N - N_o)), (d_ret + T + d_act, M_back)])
+        * lent overlap GPUs, when the trainer has a batch waiting (``trainer_waits``: the previous
+          rollout batch, staleness >= 1): the trainer starts now, so their ``N_o`` workers leave
+          after ``d_ret`` and, the step done, come back ``d_act`` after it (``-N_o`` at ``d_ret``,
+          ``+N_o`` at ``d_ret + T + d_act``);
+        * a pending reclaim notice: the workers on its GPUs leave when its shrink starts
+          (``deadline - shrink_margin_s``);
+        * an expansion group in preparation: its members join at ``started_at + t_prep +
+          t_final`` (``ready_at + t_final`` once ready); a group on GPUs under a notice is left
+          out (the shrink cancels it).
 
-        ``M(n)`` the decision engine's best makespan on ``n`` workers; ``d_ret``, ``d_act`` the
-        measured deactivation / activation EMAs (``CostModel``), ``T = train_step_s`` (measured EMA
-        of training spans). ``M_back`` = ``M(N)`` for the regrown pool, the in-flight batch placed
-        as the router will place it: a colocated pool is used as ``n_eff = sticky_pool(B, N - N_o,
-        N, s)`` workers, ``s`` the load slack the router keeps (``affinity.effective_slack`` of the
-        profiles' typical turn with cost-aware affinity: 0 when re-prefill is cheaper than one more
-        neighbour). Modelling choices: the borrow gate admits the regrowth (it admitted the lend in
-        force); a P:D regrowth is used evenly (decode workers are picked by least load).
-        ``compose_makespan``: progress is linear in time within each allocation. Otherwise
-        ``M_cur``; NaN without a decision."""
+        Applied in time order to ``N`` (the decision's workers), they give the schedule::
+
+            M_hat = compose_makespan([(0, M_cur), (t_1, M_1), (t_2, M_2), ...])
+
+        ``M_i`` = ``M(n_i)``, the decision engine's best makespan on the ``n_i`` workers then in
+        force, except for a colocated pool that grows past ``n_low`` (the fewest workers the batch
+        has had so far, which hold its in-flight trajectories): there the in-flight batch is placed
+        as the router will place it, ``n_eff = sticky_pool(B, n_low, n_i, s)`` workers of
+        ``M(n_i)``'s colocated curve, ``s`` the load slack the router keeps
+        (``affinity.effective_slack`` of the profiles' typical turn with cost-aware affinity: 0 when
+        re-prefill is cheaper than one more neighbour). ``d_ret``, ``d_act``, ``t_prep``,
+        ``t_final`` are the measured EMAs of ``CostModel``; ``T = train_step_s`` (measured EMA of
+        training spans). Modelling choices: the gates admit the regrowth (they admitted the lend and
+        the expansion in force); a P:D pool change is used evenly (decode workers are picked by least
+        load); ``compose_makespan``: progress is linear in time within each allocation. Without a
+        known change ``M_cur``; NaN without a decision."""
         d = self.decision
         if d is None:
             return math.nan
         m_cur = d.predicted_makespan_s
-        n_o = len(self.toggle.overlap_gpus()) // max(self.cfg.cluster.tp_size, 1) if self.toggle.borrowed else 0
         n = d.n_workers
-        if not trainer_waits or n_o == 0 or n - n_o < 1 or not math.isfinite(m_cur):
+        if not math.isfinite(m_cur) or m_cur <= 0:
             return m_cur
-        m_without = self.predicted(n - n_o)
-        m_back = m_cur
-        back = self.decide(n, None)
-        if back.target.mode is Mode.COLOCATED and back.colocated_curve:
-            slack = float(self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload))
-            n_eff = sticky_pool(float(d.batch), float(n - n_o), float(n), slack)
-            m_back = back.colocated_curve[max(min(round(n_eff), n), 1) - 1]
-        if not (math.isfinite(m_without) and m_without > 0 and m_back > 0):
+        changes = self._known_pool_changes(trainer_waits, n)
+        if not changes:
             return m_cur
-        d_ret, d_act = self.costs.deactivation_s, self.costs.activation_s
-        return compose_makespan([(0.0, m_cur), (d_ret, m_without), (d_ret + self.train_step_s + d_act, m_back)])
+        schedule = [(0.0, m_cur)]
+        n_now, n_low = n, n
+        slack: float | None = None
+        for t, delta, regrow in changes:
+            if regrow and not self._regrowth_admitted(schedule, t, n_now, n_now + delta):
+                continue
+            n_now += delta
+            if n_now < 1:
+                return math.inf  # the pool empties mid-batch: nothing serves it until a grant
+            if n_now > n_low:
+                back = self.decide(n_now, self.allocation)  # the incumbent keeps its hysteresis
+                m = back.predicted_makespan_s
+                if back.target.mode is Mode.COLOCATED and back.colocated_curve:
+                    if slack is None:
+                        slack = float(self.pipeline.router.placement_slack(self.tracker.hardware,
+                                                                           self.tracker.workload))
+                    n_eff = sticky_pool(float(d.batch), float(n_low), float(n_now), slack)
+                    m = back.colocated_curve[max(min(round(n_eff), n_now), 1) - 1]
+            else:
+                m = self.predicted(n_now)
+            n_low = min(n_low, n_now)
+            if not (math.isfinite(m) and m > 0):
+                return m_cur
+            schedule.append((t, m))
+        return compose_makespan(schedule)
+
+    def _regrowth_admitted(self, schedule: list[tuple[float, float]], t: float, n_now: int, n_with: int) -> bool:
+        """Whether the borrow gate, evaluated when the training step ends (``t - d_act`` into the
+        batch), lends the overlap GPUs again: ``borrow_gate`` as ``_on_training_finished`` calls
+        it, with the batch's remaining time ``(1 - p) M(n_now)``, ``p`` its progress by then under
+        ``schedule`` (linear within each allocation), and the trainer's last idle window."""
+        t_gate = max(t - self.costs.activation_s, 0.0)
+        prog = 0.0
+        for (t0, m0), (t1, _m1) in itertools.pairwise([*schedule, (t_gate, 0.0)]):
+            prog += (min(t1, t_gate) - t0) / m0 if t1 > t0 else 0.0
+        if prog >= 1.0:
+            return True  # done before the step ends: the regrowth does not matter
+        m_now, m_with = self.predicted(n_now), self.predicted(n_with)
+        remaining = (1.0 - prog) * m_now
+        window = self._idle_window_s if self._idle_window_s is not None else remaining
+        return borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
+                           self.costs, self.policy).admit
+
+    def _known_pool_changes(self, trainer_waits: bool, n: int) -> list[tuple[float, int, bool]]:
+        """(offset from now, change in workers, is the lend's regrowth) of every pool change known
+        now, in time order (``batch_prediction``)."""
+        tp = max(self.cfg.cluster.tp_size, 1)
+        out: list[tuple[float, int, bool]] = []
+        n_o = len(self.toggle.overlap_gpus()) // tp if self.toggle.borrowed else 0
+        if trainer_waits and 0 < n_o < n:
+            d_ret, d_act = self.costs.deactivation_s, self.costs.activation_s
+            out += [(d_ret, -n_o, False), (d_ret + self.train_step_s + d_act, n_o, True)]
+        now = self.clock.now()
+        state = self.executor.state
+        noticed: set[str] = set()
+        for notice in self.notices.values():
+            noticed |= set(notice.gpus)
+            if notice.started:
+                continue
+            leaving = {w for g in notice.gpus if g in state.gpus and (w := state.owner_of(g)) is not None
+                       and state.workers[w].status is WorkerStatus.ACTIVE}
+            if leaving:
+                out.append((max(notice.deadline - self.shrink_margin_s - now, 0.0), -len(leaving), False))
+        for grp in self.rebuilder.pending():
+            if grp.gpus & noticed:
+                continue
+            t_final = self.costs.expansion_final_s
+            ready = grp.ready_at if grp.ready_at is not None else grp.started_at + self.costs.expansion_prep_s
+            out.append((max(ready + t_final - now, 0.0), len(grp.members), False))
+        return sorted(out)
 
     def remaining_s(self) -> float:
         """Predicted remaining time of the running batch at the current speed::
@@ -588,6 +665,7 @@ class ElasticScheduler:
         m_now, m_with = self.predicted(n_now), self.predicted(n_with)
         remaining = self.remaining_s()
         window = ev.expected_idle_s if ev.expected_idle_s is not None else remaining
+        self._idle_window_s = ev.expected_idle_s
         gate: GateDecision = borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
                                          self.costs, self.policy)
         self.gate_log.append({"t": self.clock.now(), "kind": "borrow", "step": ev.step, **gate.to_dict()})

@@ -119,7 +119,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         assert el.train_step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
         got = el.batch_prediction(trainer_waits=True)
         m_cur = el.decision.predicted_makespan_s
-        back = el.decide(4, None)
+        back = el.decide(4, el.allocation)  # the regrown pool keeps the allocation in force (hysteresis)
         slack = effective_slack(el.tracker.hardware, typical_turn(el.tracker.workload), el.pipeline.router.affinity_slack)
         n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
         m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
@@ -133,3 +133,56 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
     assert got == pytest.approx(want)
     assert got > m_cur  # the lent half of the pool leaves for the training step
     assert no_wait == m_cur  # no batch for the trainer: nothing returns
+
+
+def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None:
+    """A reclaim notice pending at a batch's start takes its workers away when its shrink starts; an
+    expansion in preparation adds its members when preparation and finalization are expected done
+    (``ElasticScheduler._known_pool_changes``)."""
+    from pearl.core.events import GpusGranted, GrantedGpu, ReclaimNotice
+    from pearl.core.makespan import compose_makespan
+
+    async def main():
+        clock = LoopClock()
+        cfg = config(**{"workload.batch_size": 8, "workload.group_size": 4, "cluster.reserved_gpus": 2,
+                        "cluster.training_gpus": 0, "cluster.max_preemptible_gpus": 4,
+                        "policy.gate_enabled": False})
+
+        def factory(spec: SessionSpec) -> ScriptedSession:
+            return ScriptedSession(spec, clock, turns=3, response=200, env_s=2.0)
+
+        ctl = Controller(cfg, engine(clock, cfg), factory, clock=clock, max_batches=0)
+        await ctl.start()
+        el = ctl.elastic
+        await el.idle()
+        await ctl.submit(GpusGranted(tuple(GrantedGpu(g, "pn0", "i-1") for g in ("p0", "p1")), event_id="g1"))
+        await el.idle()
+        grp = list(ctl.rebuilder.groups.values())[-1]
+        await grp.task
+        await el.idle()
+        assert el.decision.n_workers == 4 and not ctl.rebuilder.pending()
+        m4 = el.decision.predicted_makespan_s
+        assert el.batch_prediction(trainer_waits=True) == m4  # nothing known: the decision as it is
+
+        # a notice on p1, 100 s ahead: one worker leaves when its shrink starts
+        now = clock.now()
+        await ctl.submit(ReclaimNotice(("p1",), deadline=now + 100.0, notice_id="n1", event_id="rc1"))
+        await el.idle()
+        got_notice = el.batch_prediction(trainer_waits=False)
+        want_notice = compose_makespan([(0.0, m4), (100.0 - el.shrink_margin_s, el.predicted(3))])
+
+        # a grant of two more GPUs while the notice is pending: an expansion group starts preparing
+        await ctl.submit(GpusGranted(tuple(GrantedGpu(g, "pn1", "i-2") for g in ("p2", "p3")), event_id="g2"))
+        await el.idle()
+        (pend,) = ctl.rebuilder.pending()
+        changes = el._known_pool_changes(False, el.decision.n_workers)
+        t_join = pend.started_at + el.costs.expansion_prep_s + el.costs.expansion_final_s - clock.now()
+        await ctl.stop()
+        return got_notice, want_notice, changes, t_join, len(pend.members), clock.now() - now, m4
+
+    got_notice, want_notice, changes, t_join, k, dt, m4 = run_virtual(main())
+    assert got_notice == pytest.approx(want_notice) and got_notice > m4
+    assert k == 2
+    want = sorted([(100.0 - 5.0 - dt, -1), (t_join, k)])
+    assert [c[1] for c in changes] == [w[1] for w in want]
+    assert [c[0] for c in changes] == [pytest.approx(w[0]) for w in want]
