@@ -177,7 +177,7 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
              f"{r['consumed_redelivered']} re-delivered"],
             ["held by the trainer mid-update (not consumed)", j.get("held_by_trainer", 0),
              f"{r.get('held_by_trainer_redelivered', 0)} delivered to the trainer again, as journaled"],
-            ["completed, not yet consumed", j["completed_unconsumed"],
+            ["completed, not yet consumed (the held batch among them)", j["completed_unconsumed"],
              f"{r['completed_redelivered_as_journaled']} delivered identical to the journal (not regenerated)"],
             ["in-flight trajectories with partial output", j["in_flight_trajectories"], "resumed"],
             ["partial-output parts", j["partial_parts"], f"{r['partial_parts_replayed']} replayed"],
