@@ -153,6 +153,9 @@ class ElasticScheduler:
         #: the trainer's expected idle window at its last TrainingFinished (the borrow gate's
         #: window; ``batch_prediction`` replays that gate for a lend that would return mid-batch)
         self._idle_window_s: float | None = None
+        #: (time, predicted makespan) of each decision since the one in force at the running
+        #: batch's start (``remaining_s``)
+        self._speeds: list[tuple[float, float]] = []
         self.granted_at: dict[str, float] = {}
         self.notices: dict[str, _Notice] = {}
         self.shrinks: list[dict[str, Any]] = []
@@ -429,20 +432,44 @@ class ElasticScheduler:
         return sorted(out)
 
     def remaining_s(self) -> float:
-        """Predicted remaining time of the running batch at the current speed::
+        """Predicted remaining time of the running batch at the current speed (the borrow gate's
+        ``remaining``). The batch has progressed under each decision in force since it started,
+        at ``1 / M_i`` (``M_i`` that decision's predicted makespan; the progress model of
+        ``compose_makespan``)::
 
-            R = M - elapsed                 while the batch runs within its prediction M
-            R = (running / B) * M           once it has overrun it (the tail: a fraction of the
-                                            batch is still running; assume it needs that fraction
-                                            of a batch time)
-        """
+            p = sum_i (t_{i+1} - t_i) / M_i     over [batch start, now]
+            R = (1 - p) * M_now                 while p < 1
+            R = (running / B) * M_now           once it has overrun (the tail: a fraction of the
+                                                batch is still running; assume it needs that
+                                                fraction of a batch time)
+
+        With one decision over the batch, ``R = M - elapsed`` (session 5 and before, for any
+        history). Session 6: a pool that grew mid-batch (an admitted expansion) made ``M -
+        elapsed`` count the whole elapsed time at the new pool's speed; on the 30B-A3B scarce
+        segment the gate then saw 35-40 s left where 158 s were, and declined a borrow that would
+        have saved ~24 s."""
         ms = self.decision.predicted_makespan_s if self.decision is not None else 0.0
         if not math.isfinite(ms) or ms <= 0:
             return 0.0
-        left = ms - (self.clock.now() - self.batch_started_at())
-        if left > 0:
-            return left
+        now, t_b = self.clock.now(), self.batch_started_at()
+        self._prune_speeds()
+        pieces = [(max(t, t_b), m) for t, m in self._speeds] or [(t_b, ms)]
+        prog = 0.0
+        for (t0, m0), (t1, _m1) in itertools.pairwise([*pieces, (now, ms)]):
+            if t1 > t0 and math.isfinite(m0) and m0 > 0:
+                prog += (t1 - t0) / m0
+        if prog < 1.0:
+            return (1.0 - prog) * ms
         return self.pipeline.remaining_trajectories() / max(self.cfg.workload.batch_size, 1) * ms
+
+    def _prune_speeds(self) -> None:
+        """Keep the decisions from the one in force at the running batch's start on."""
+        t_b = self.batch_started_at()
+        cut = 0
+        for i, (t, _m) in enumerate(self._speeds):
+            if t <= t_b:
+                cut = i
+        del self._speeds[:cut]
 
     async def replan(self, reason: str) -> ExecutionReport | None:
         budget = self.budget()
@@ -470,6 +497,8 @@ class ElasticScheduler:
                 self.reconfigurations["ratio_switch"] += 1
         self.decision = d
         self.allocation = d.target
+        self._speeds.append((self.clock.now(), d.predicted_makespan_s))
+        self._prune_speeds()
         # A GPU whose worker is still being prepared by an expansion group is not free: that group
         # provides it (a second ADD there would launch two servers on one GPU).
         preparing = self.rebuilder.preparing_gpus()

@@ -186,3 +186,34 @@ def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None
     want = sorted([(100.0 - 5.0 - dt, -1), (t_join, k)])
     assert [c[1] for c in changes] == [w[1] for w in want]
     assert [c[0] for c in changes] == [pytest.approx(w[0]) for w in want]
+
+
+def test_remaining_time_integrates_progress_over_the_decisions_in_force() -> None:
+    """``remaining_s``: the batch progressed at 1 / M_i under each decision since its start; a pool
+    that grew mid-batch does not count the whole elapsed time at the new pool's speed."""
+
+    async def main():
+        clock = LoopClock()
+        ctl = _controller(clock, max_batches=0)
+        await ctl.start()
+        el = ctl.elastic
+        await el.idle()
+        d = el.decision
+        t_b = clock.now()
+        el.batch_started_at = lambda: t_b
+        el._speeds = [(t_b - 50.0, 400.0)]  # in force when the batch started
+        await clock.sleep(100.0)
+        one = el.remaining_s()
+        el.decision = dataclasses.replace(d, predicted_makespan_s=200.0)  # the pool grew at t_b + 100
+        el._speeds.append((clock.now(), 200.0))
+        await clock.sleep(50.0)
+        two = el.remaining_s()
+        await clock.sleep(1000.0)  # overrun: the tail formula
+        three, running = el.remaining_s(), ctl.pipeline.remaining_trajectories()
+        await ctl.stop()
+        return one, two, three, running, d.predicted_makespan_s
+
+    one, two, three, running, m0 = run_virtual(main())
+    assert one == pytest.approx((1 - 100.0 / 400.0) * m0)  # one decision: M - elapsed scaled to M_now
+    assert two == pytest.approx((1 - 100.0 / 400.0 - 50.0 / 200.0) * 200.0)  # 100 s, not M - elapsed = 50 s
+    assert three == pytest.approx(running / 8 * 200.0)
