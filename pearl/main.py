@@ -26,7 +26,7 @@ Start-up (the torchrun environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``
        internal token for the agents, every rank publishes its agent's URL;
     3. rank 0 builds the ``RemoteEngine`` (GPU -> node from the cluster table: node ``node<r>`` is
        rank ``r``) and starts the service; the other ranks serve their agent. If any agent's engine
-       cannot split a PD pair across nodes (``split_pd: false``: emulated, SGLang here), the router
+       cannot split a PD pair across nodes (``split_pd: false``: the emulated engine), the router
        pairs prefill and decode workers on one node only (``Service(pd_pair_node=...)``). A restart
        on the same ``output_dir`` resumes the journal and the trainer's last checkpoint
        (``Service``; the agents' trainer ranks start with ``--resume``).

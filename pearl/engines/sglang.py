@@ -9,7 +9,9 @@ of GPUs) and polls ``/health``; ``await engine.close()`` stops every server. Log
 - ``POST /generate {input_ids, sampling_params{max_new_tokens, temperature, top_p, stop_token_ids},
   return_logprob, rid, stream}``; PD adds ``bootstrap_host, bootstrap_port, bootstrap_room`` and the
   same request goes to the prefill and the decode server concurrently (what ``sglang-router`` does);
-  the decode server pulls the KV through the transfer backend (``mooncake`` / ``nixl``).
+  the decode server pulls the KV through the transfer backend (``mooncake`` / ``nixl``). A pair
+  across nodes runs as two halves through the node agents: ``pd_prefill`` (the prefill request in
+  the background; the handle is the bootstrap address and room) and ``pd_decode`` (with it).
   The stream's ``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) are
   cumulative; a partial output survives an abort (``finish_reason.type == "abort"``) or a death.
 - ``/abort_request {rid | abort_all}``, ``/pause_generation {mode: abort|retract|in_place}``,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import sys
@@ -54,6 +57,7 @@ from pearl.engines.base import (
 from pearl.engines.vllm_broadcast import free_port
 from pearl.engines.vllm_server import ChildServer, race_death
 
+log = logging.getLogger("pearl.engines.sglang")
 # idle pooled connections are dropped before uvicorn closes them (its keep-alive is 5 s); a
 # request written into a connection the server is closing fails with "closing transport"
 KEEPALIVE_S = 2.0
@@ -71,6 +75,8 @@ class SglangSettings:
     enable_pd_role_switch: bool = False
     start_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
+    #: a cross-node prefill half (``pd_prefill``) not taken by a decode server within this is aborted
+    pd_prefill_timeout_s: float = 600.0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
 
@@ -143,6 +149,7 @@ class SglangEngine:
         self.last_role_change_s = float("nan")
         self._live: dict[str, _Stream] = {}  # rid -> stream in progress (for ``wait_tokens``)
         self._live_changed = asyncio.Event()
+        self._prefills: set[asyncio.Task[None]] = set()  # background halves of ``pd_prefill``
 
     # ------------------------------------------------------------------------------ servers
     def _session(self) -> aiohttp.ClientSession:
@@ -190,6 +197,9 @@ class SglangEngine:
             return False
 
     async def close(self) -> None:
+        for t in list(self._prefills):
+            t.cancel()
+        await asyncio.gather(*self._prefills, return_exceptions=True)
         await asyncio.gather(*(s.stop() for s in self._servers.values()))
         if self._http is not None:
             await self._http.close()
@@ -421,31 +431,100 @@ class SglangEngine:
         return self._result(req, st, srv, self._timings(st, t0), version)
 
     async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
-        p, d = self._alive(prefill_id), self._alive(decode_id)
+        p = self._alive(prefill_id)
+        self._alive(decode_id)
         if req.sampling.max_new_tokens < 1:
             raise EngineError(decode_id, f"request {req.rid}: max_new_tokens must be >= 1")
-        pd = {"bootstrap_host": p.spec.host, "bootstrap_port": p.bootstrap_port,
-              "bootstrap_room": random.getrandbits(63)}
-        pst, st, version, t0 = _Stream(), _Stream(), d.weight_version, time.perf_counter()
+        pd = self._bootstrap(p)
+        t0 = time.perf_counter()
         prefill_done: list[float] = []
 
         async def prefill() -> None:
-            await self._run(p, self._body(replace(req, rid=f"{req.rid}.p"), stream=False, pd=pd), pst)
+            await self._run(p, self._body(replace(req, rid=f"{req.rid}.p"), stream=False, pd=pd), _Stream())
             prefill_done.append(time.perf_counter() - t0)
 
         ptask = asyncio.create_task(prefill())
+        try:
+            st, d, version = await self._decode_half(decode_id, req, pd, prefill_id)
+        finally:
+            with contextlib.suppress(asyncio.CancelledError, EngineError):
+                await asyncio.wait_for(ptask, 30)
+        return self._result(req, st, d, self._timings(st, t0, prefill_done[0] if prefill_done else 0.0), version,
+                            prefill_id)
+
+    @staticmethod
+    def _bootstrap(p: SglangServer) -> dict[str, Any]:
+        """The PD coordinates both halves of one request carry: the prefill server's bootstrap
+        address and a fresh room (SGLang matches the two halves by room)."""
+        return {"bootstrap_host": p.spec.host, "bootstrap_port": p.bootstrap_port,
+                "bootstrap_room": random.getrandbits(63)}
+
+    async def _decode_half(self, decode_id: str, req: GenerateRequest, pd: Mapping[str, Any],
+                           prefill_id: str) -> tuple[_Stream, SglangServer, int]:
+        d = self._alive(decode_id)
+        st, version = _Stream(), d.weight_version
         try:
             await self._run(d, self._body(req, stream=True, pd=pd), st)
         except EngineDeadError as exc:
             exc.partial = self._result(req, replace(st, finish="abort"), d, RequestTimings(), version, prefill_id)
             raise
         except EngineError as exc:
-            raise KVTransferError(decode_id, f"request {req.rid}: decode failed ({exc}); is prefill {prefill_id} "
-                                  "reachable on its bootstrap port?",
+            raise KVTransferError(decode_id, f"request {req.rid}: decode failed ({exc}); is prefill "
+                                  f"{prefill_id or pd['bootstrap_host']} reachable on its bootstrap port?",
                                   partial=self._result(req, replace(st, finish="abort"), d, RequestTimings(),
                                                        version, prefill_id)) from exc
-        finally:
-            with contextlib.suppress(asyncio.CancelledError, EngineError):
-                await asyncio.wait_for(ptask, 30)
-        return self._result(req, st, d, self._timings(st, t0, prefill_done[0] if prefill_done else 0.0), version,
-                            prefill_id)
+        return st, d, version
+
+    async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, Any] | None:
+        """The prefill half, for a decode server on another node (the node agents run the halves of
+        a cross-node pair, ``pearl.runtime.node_agent``). SGLang's PD protocol sends both halves at
+        once and the decode server pulls the KV from the prefill server by bootstrap room, so this
+        half starts the prefill request in the background and returns the coordinates at once: the
+        handle ``{bootstrap_host, bootstrap_port, bootstrap_room}`` for ``pd_decode``. The
+        background request is bounded by ``settings.pd_prefill_timeout_s`` (then aborted on the
+        prefill server); its failure surfaces on the decode side as ``KVTransferError`` (no KV for
+        the room), which the pipeline retries. Never None: SGLang has nothing to report before the
+        decode half runs."""
+        p = self._alive(prefill_id)
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError(prefill_id, f"request {req.rid}: max_new_tokens must be >= 1")
+        pd = self._bootstrap(p)
+        rid = f"{req.rid}.p"
+        body = self._body(replace(req, rid=rid), stream=False, pd=pd)
+
+        async def prefill() -> None:
+            try:
+                await asyncio.wait_for(self._run(p, body, _Stream()), self.settings.pd_prefill_timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(EngineError, aiohttp.ClientError, TimeoutError):
+                    await self.abort(prefill_id, rid)
+                raise EngineError(prefill_id, f"request {req.rid}: prefill half not taken by a decode server "
+                                  f"within {self.settings.pd_prefill_timeout_s:.0f} s; aborted") from None
+
+        task = asyncio.create_task(prefill(), name=f"sglang-prefill-{rid}")
+        self._prefills.add(task)
+        task.add_done_callback(self._prefill_done)
+        return dict(pd)
+
+    def _prefill_done(self, task: asyncio.Task[None]) -> None:
+        self._prefills.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background PD prefill %s failed: %s", task.get_name(), task.exception())
+
+    async def pd_decode(self, decode_id: str, req: GenerateRequest, handle: Mapping[str, Any],
+                        prefill_id: str = "") -> GenerateResult:
+        """The decode half: the request with ``pd_prefill``'s bootstrap coordinates; the decode
+        server pulls the KV from the prefill server and generates every output token.
+        ``timings.prefill_s`` is the wait for the first token (prefill and transfer together: the
+        prefill's own span is measured on the other node)."""
+        self._alive(decode_id)
+        if req.sampling.max_new_tokens < 1:
+            raise EngineError(decode_id, f"request {req.rid}: max_new_tokens must be >= 1")
+        try:
+            pd = {k: handle[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")}
+        except KeyError as exc:
+            raise KVTransferError(decode_id, f"request {req.rid}: the PD handle lacks {exc.args[0]!r} "
+                                  f"(got {sorted(handle)}); was it made by SglangEngine.pd_prefill?") from None
+        t0 = time.perf_counter()
+        st, d, version = await self._decode_half(decode_id, req, pd, prefill_id)
+        return self._result(req, st, d, self._timings(st, t0), version, prefill_id)

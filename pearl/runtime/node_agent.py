@@ -390,8 +390,10 @@ class RemoteEngine:
     KV handle, for vLLM the ``kv_transfer_params`` naming the prefill server's NIXL side channel)
     and the decode half on the decode node's agent (``pd_decode`` with that handle: the decode
     server pulls the KV straight from the prefill server over NIXL, server to server; only the
-    small handle passes through the controller). Engines without the split (the emulated engine,
-    SGLang here) answer ``KVTransferError``: keep their pairs on one node.
+    small handle passes through the controller). SGLang's handle is the prefill server's bootstrap
+    address and room: its ``pd_prefill`` starts the prefill request in the background and answers at
+    once, and the decode server pulls the KV by room. Engines without the split (the emulated
+    engine) answer ``KVTransferError``: keep their pairs on one node.
 
     Lost nodes: ``mark_node_dead(node, reason)`` (called by ``pearl.runtime.agent_watch.AgentWatcher``
     when an agent stops answering ``/health``) fails every in-flight call to that node at once with

@@ -227,3 +227,44 @@ async def test_servers_die_with_their_owner(tmp_path: Path) -> None:
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
+
+
+async def test_cross_node_pd_runs_each_half_through_its_nodes_agent(tmp_path: Path) -> None:
+    """Two node agents, each with its own ``SglangEngine`` (one node's prefill server, the other's
+    decode server): ``pd_prefill`` on the prefill node's agent returns the bootstrap coordinates at
+    once, ``pd_decode`` on the decode node's agent pulls the KV server to server; the output equals
+    a colocated request's. A handle whose room no prefill server holds is a ``KVTransferError``."""
+    import aiohttp
+
+    from pearl.runtime import node_agent as na
+
+    token = "agent-token-0123456789abcdef"
+    engines = {f"node{r}": SglangEngine(tmp_path / f"n{r}", fake_settings()) for r in range(2)}
+    agents = {n: na.NodeAgent(n, int(n[-1]), e, token) for n, e in engines.items()}
+    for a in agents.values():
+        await a.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            clients = {n: na.AgentClient(a.url, token, http) for n, a in agents.items()}
+            assert all([(await c.health())["split_pd"] for c in clients.values()])
+            eng = na.RemoteEngine(clients, node_of=lambda dev: f"node{dev[1]}")
+            await asyncio.gather(eng.launch(ServerSpec("p0", ("n0",), Role.PREFILL, "base-model")),
+                                 eng.launch(ServerSpec("d1", ("n1",), Role.DECODE, "base-model")))
+            pd = await eng.generate_pd("p0", "d1", req("x/0#0", 10))
+            toks, lps = expected("base-model", PROMPT, 10)
+            assert list(pd.output_ids) == toks and list(pd.logprobs) == pytest.approx(lps)
+            assert pd.worker_id == "p0" and pd.decode_worker_id == "d1" and pd.finish_reason is FinishReason.LENGTH
+            assert "p0" in engines["node0"]._servers and "d1" in engines["node1"]._servers  # each half on its node
+            # the halves by hand: a handle the prefill server never registered fails on the decode side
+            handle = await engines["node0"].pd_prefill("p0", req("x/1#0", 4))
+            assert handle is not None and set(handle) == {"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+            bad = {**handle, "bootstrap_room": handle["bootstrap_room"] ^ 1}
+            with pytest.raises(KVTransferError, match="no KV for bootstrap room"):
+                await engines["node1"].pd_decode("d1", req("x/1#0", 4), bad, "p0")
+            with pytest.raises(KVTransferError, match="lacks 'bootstrap_room'"):
+                await engines["node1"].pd_decode("d1", req("x/2#0", 4), {"bootstrap_host": "h", "bootstrap_port": 1})
+    finally:
+        for a in agents.values():
+            await a.close()
+        for e in engines.values():
+            await e.close()

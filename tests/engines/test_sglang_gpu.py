@@ -88,3 +88,10 @@ async def test_pd_equals_colocated(engine: SglangEngine, smol: Path) -> None:
                          engine.launch(ServerSpec("d", ("1",), Role.DECODE, str(smol))))
     pd = await engine.generate_pd("p", "d", greedy("pd", 32))
     assert pd.output_ids == ref.output_ids
+    # the two halves a cross-node pair runs through the node agents (pd_prefill answers at once
+    # with the bootstrap room; pd_decode pulls the KV by it)
+    half = greedy("halves", 32)
+    handle = await engine.pd_prefill("p", half)
+    assert handle is not None
+    split = await engine.pd_decode("d", half, handle, "p")
+    assert split.output_ids == ref.output_ids and split.decode_worker_id == "d"
