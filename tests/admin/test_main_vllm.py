@@ -7,7 +7,8 @@ nodes (``gpus_per_node: 1``): every request is a cross-node PD pair, the prefill
 the decode on node1's, the KV pulled server to server over NIXL with the handle passing through the
 controller. Checked: the run serves and trains (at least one update published and loaded by both
 servers), the trainer rank runs under node1's agent, and SIGTERM on rank 0 shuts both ranks down
-with exit 0.
+with exit 0. Then both ranks start again on the same ``output_dir``: the run resumes at the
+trainer's last checkpoint (the real servers start on its snapshot) and trains further.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def vllm_config(tmp: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(1200)
-async def test_two_ranks_real_vllm_cross_node_pd_trainer_then_sigterm(tmp_path: Path) -> None:
+@pytest.mark.timeout(2400)
+async def test_two_ranks_real_vllm_cross_node_pd_trainer_then_sigterm_then_resume(tmp_path: Path) -> None:
     ensure_models(MODELS_DIR, ("tiny-qwen3",))  # built by `make test` already; ~3 s otherwise
     cfg = vllm_config(tmp_path)
     port = free_port()
@@ -70,6 +71,21 @@ async def test_two_ranks_real_vllm_cross_node_pd_trainer_then_sigterm(tmp_path: 
         assert await rank0.exit_code(timeout_s=180) == 0, "\n".join(rank0.lines[-40:])
         assert await rank1.exit_code(timeout_s=120) == 0, "\n".join(rank1.lines[-40:])
         assert any("controller asked" in ln for ln in rank1.lines)
+        done_v = p["weight_version"]
+
+        # restart both ranks on the same output_dir: the trainer rank resumes from its last
+        # checkpoint, both real servers start on that update's snapshot, and training goes on
+        rank0, rank1 = await spawn_ranks(cfg, port, procs)
+        line = await rank0.wait_line("resuming at policy v", timeout_s=900)
+        v0 = int(line.split("resuming at policy v", 1)[1].split()[0])
+        assert v0 >= done_v, line  # at least the update seen before the stop (more may have been checkpointed)
+        await rank0.wait_line("PEARL serving on 2 node(s)", timeout_s=900)
+        async with aiohttp.ClientSession() as http:
+            p2 = await progress_until(http, url, "train_step", 1, timeout_s=600)
+            assert p2["weight_version"] >= v0 + 1 and p2["trajectories_lost"] == 0, p2
+        rank0.proc.send_signal(signal.SIGTERM)
+        assert await rank0.exit_code(timeout_s=180) == 0, "\n".join(rank0.lines[-40:])
+        assert await rank1.exit_code(timeout_s=120) == 0, "\n".join(rank1.lines[-40:])
     finally:
         for p in procs:
             await p.kill()
