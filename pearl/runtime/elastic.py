@@ -338,6 +338,10 @@ class ElasticScheduler:
 
             M_hat = compose_makespan([(0, M_cur), (t_1, M_1), (t_2, M_2), ...])
 
+        ``M_cur`` is decided again at the start, on the profiles refit when the previous batch
+        ended (the re-plan that acts on them is queued behind the start; before session 6 the
+        prediction used the decision from before the refit, one batch behind).
+
         ``M_i`` = ``M(n_i)``, the decision engine's best makespan on the ``n_i`` workers then in
         force, except for a colocated pool that grows past ``n_low`` (the fewest workers the batch
         has had so far, which hold its in-flight trajectories): there the in-flight batch is placed
@@ -350,9 +354,11 @@ class ElasticScheduler:
         the expansion in force); a P:D pool change is used evenly (decode workers are picked by least
         load); ``compose_makespan``: progress is linear in time within each allocation. Without a
         known change ``M_cur``; NaN without a decision."""
-        d = self.decision
-        if d is None:
+        if self.decision is None:
             return math.nan
+        # the profiles were refit when the previous batch ended, and the re-plan that acts on them
+        # is queued behind this start: decide again on them (the incumbent keeps its hysteresis)
+        d = self.decide(self.decision.n_workers, self.allocation)
         m_cur = d.predicted_makespan_s
         n = d.n_workers
         if not math.isfinite(m_cur) or m_cur <= 0:
