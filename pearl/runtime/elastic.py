@@ -400,7 +400,7 @@ class ElasticScheduler:
         t_gate = max(t - self.costs.activation_s, 0.0)
         prog = 0.0
         for (t0, m0), (t1, _m1) in itertools.pairwise([*schedule, (t_gate, 0.0)]):
-            prog += (min(t1, t_gate) - t0) / m0 if t1 > t0 else 0.0
+            prog += max(min(t1, t_gate) - t0, 0.0) / m0
         if prog >= 1.0:
             return True  # done before the step ends: the regrowth does not matter
         m_now, m_with = self.predicted(n_now), self.predicted(n_with)
