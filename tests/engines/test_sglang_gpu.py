@@ -24,6 +24,8 @@ from pearl.engines.sglang import SglangEngine, SglangSettings
 from pearl.models import ensure_models
 from pearl.runtime.weights import write_snapshot
 
+from .races import abort_mid_generation
+
 pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module")]
 
 PROMPT = tuple(range(1000, 1100))
@@ -52,17 +54,8 @@ async def engine(smol: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
 async def test_generate_abort_resume(engine: SglangEngine) -> None:
     ref = await engine.generate("c", greedy("ref", 200))
     assert ref.finish_reason in (FinishReason.LENGTH, FinishReason.STOP) and len(ref.logprobs) == len(ref.output_ids)
-    for attempt in range(3):  # a GPU may finish 200 tokens before the abort lands: that run says nothing
-        req = greedy(f"ab{attempt}", 200)
-        task = asyncio.create_task(engine.generate("c", req))
-        await asyncio.wait_for(engine.wait_tokens(req.rid, 10), 120)
-        await engine.abort("c", req.rid)
-        part = await task
-        if part.finish_reason is FinishReason.ABORT:
-            break
-        assert part.output_ids == ref.output_ids
-    else:
-        pytest.fail("the abort never landed mid-generation in 3 tries")
+    # a GPU may finish 200 tokens before the abort lands: that run says nothing and is tried again
+    req, part = await abort_mid_generation(engine, "c", lambda rid: greedy(rid, 200), ref, 10)
     cont = continuation_request(req, [part], attempt=1)
     assert cont is not None
     rest = await engine.generate("c", cont)

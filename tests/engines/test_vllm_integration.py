@@ -43,6 +43,8 @@ from pearl.engines.vllm_server import VllmSettings
 from pearl.models import ensure_models
 from pearl.runtime.weights import write_snapshot
 
+from .races import RACE_ATTEMPTS, abort_mid_generation
+
 # Server start-up is ~1-2 min on 2 idle cores but several minutes on a loaded machine: the start
 # timeout stays below the per-test timeout (which also covers the module fixture's setup), so a slow
 # start fails cleanly with EngineStartError instead of being killed mid-event-loop.
@@ -76,10 +78,6 @@ async def engine(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
         yield eng
     finally:
         await eng.close()
-
-
-# a test whose premise is "interrupt a request mid-generation" retries when the server wins the race
-RACE_ATTEMPTS = 3
 
 
 async def drained(engine: VllmEngine, rid: str, quiet_s: float = 1.0) -> bool:
@@ -137,18 +135,7 @@ async def test_pd_equals_colocated(engine: VllmEngine) -> None:
 
 async def test_abort_returns_partial_and_resume_completes(engine: VllmEngine) -> None:
     ref = await engine.generate("p", greedy("full", LONG_TOKENS))
-    for attempt in range(RACE_ATTEMPTS):
-        req = greedy(f"ab{attempt}", LONG_TOKENS)
-        task = asyncio.create_task(engine.generate("p", req))
-        assert await asyncio.wait_for(engine.wait_tokens(req.rid, 5), 120) >= 5
-        await engine.abort("p", req.rid)
-        part = await task
-        if part.finish_reason is FinishReason.ABORT:
-            break
-        # the race was lost (the server finished before the abort reached it): that run says nothing
-        assert part.output_ids == ref.output_ids
-    else:
-        pytest.fail(f"the abort never landed mid-generation in {RACE_ATTEMPTS} tries")
+    req, part = await abort_mid_generation(engine, "p", lambda rid: greedy(rid, LONG_TOKENS), ref, 5)
     assert 5 <= len(part.output_ids) < LONG_TOKENS
     assert part.output_ids == ref.output_ids[:len(part.output_ids)]
     cont = continuation_request(req, [part], attempt=1)
