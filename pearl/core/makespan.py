@@ -424,6 +424,22 @@ def compose_makespan(schedule: Sequence[tuple[float, float]]) -> float:
     return t + (1.0 - prog) * m
 
 
+def batch_progress(schedule: Sequence[tuple[float, float]], t: float) -> float:
+    """Share of a batch done by offset ``t`` under ``schedule`` (``(t_i, M_i)`` as in
+    ``compose_makespan``, the last allocation holding on), at ``1 / M_i`` within each::
+
+        p(t) = sum_i max(min(t_{i+1}, t) - t_i, 0) / M_i
+
+    Not capped at 1 (an overrun reads > 1). An allocation whose ``M_i`` is not a positive finite
+    number (no decision) adds nothing. The runtime's borrow gate reads its remaining time from it
+    (``ElasticScheduler.remaining_s``), and the batch-start prediction its replay of that gate."""
+    prog = 0.0
+    for (t0, m0), (t1, _m1) in itertools.pairwise([*schedule, (math.inf, 0.0)]):
+        if math.isfinite(m0) and m0 > 0:
+            prog += max(min(t1, t) - t0, 0.0) / m0
+    return prog
+
+
 def sticky_pool(alive: float, n_placed: float, n_workers: float, slack: float) -> float:
     """Effective colocated pool ``n_eff`` of an in-flight batch whose ``alive`` trajectories sit
     balanced on ``n_placed`` workers when the pool becomes ``n_workers`` (module docstring,

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import math
 from collections import Counter, deque
 from collections.abc import Callable
@@ -65,7 +64,7 @@ from pearl.core.events import (
     TrainingStarted,
 )
 from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate
-from pearl.core.makespan import compose_makespan, sticky_pool
+from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool
 from pearl.core.planner import PlanError, StepKind, free_groups, plan
 from pearl.core.state import Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import Clock
@@ -397,10 +396,7 @@ class ElasticScheduler:
         batch), lends the overlap GPUs again: ``borrow_gate`` as ``_on_training_finished`` calls
         it, with the batch's remaining time ``(1 - p) M(n_now)``, ``p`` its progress by then under
         ``schedule`` (linear within each allocation), and the trainer's last idle window."""
-        t_gate = max(t - self.costs.activation_s, 0.0)
-        prog = 0.0
-        for (t0, m0), (t1, _m1) in itertools.pairwise([*schedule, (t_gate, 0.0)]):
-            prog += max(min(t1, t_gate) - t0, 0.0) / m0
+        prog = batch_progress(schedule, max(t - self.costs.activation_s, 0.0))
         if prog >= 1.0:
             return True  # done before the step ends: the regrowth does not matter
         m_now, m_with = self.predicted(n_now), self.predicted(n_with)
@@ -459,11 +455,8 @@ class ElasticScheduler:
             return 0.0
         now, t_b = self.clock.now(), self.batch_started_at()
         self._prune_speeds()
-        pieces = [(max(t, t_b), m) for t, m in self._speeds] or [(t_b, ms)]
-        prog = 0.0
-        for (t0, m0), (t1, _m1) in itertools.pairwise([*pieces, (now, ms)]):
-            if t1 > t0 and math.isfinite(m0) and m0 > 0:
-                prog += (t1 - t0) / m0
+        pieces = [(max(t - t_b, 0.0), m) for t, m in self._speeds] or [(0.0, ms)]
+        prog = batch_progress(pieces, now - t_b)
         if prog < 1.0:
             return (1.0 - prog) * ms
         return self.pipeline.remaining_trajectories() / max(self.cfg.workload.batch_size, 1) * ms

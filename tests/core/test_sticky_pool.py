@@ -10,7 +10,7 @@ import pytest
 
 from pearl.config import PolicySpec
 from pearl.core.decision import decide
-from pearl.core.makespan import Stages, colocated_makespan, compose_makespan, sticky_pool
+from pearl.core.makespan import Stages, batch_progress, colocated_makespan, compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
@@ -65,3 +65,12 @@ def test_decide_predicts_colocation_on_the_placed_pool(prof8b: Prof) -> None:
     # the splits keep their fresh-batch predictions
     assert np.array_equal(placed.table.makespan_s, fresh.table.makespan_s)
     assert decide(20, 64, hw, wl, pol, coloc_workers=None).table.coloc_s == fresh.table.coloc_s
+
+
+def test_batch_progress_is_the_inverse_of_compose_makespan() -> None:
+    sched = [(0.0, 400.0), (100.0, 200.0)]
+    assert batch_progress(sched, 50.0) == 50.0 / 400.0
+    assert batch_progress(sched, 150.0) == 100.0 / 400.0 + 50.0 / 200.0
+    assert batch_progress(sched, compose_makespan(sched)) == 1.0  # done exactly at the composed makespan
+    assert batch_progress([(0.0, float("nan")), (10.0, 100.0)], 60.0) == 0.5  # no decision: no progress
+    assert batch_progress(sched, 0.0) == 0.0
