@@ -45,8 +45,9 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", required=True, help="spot-traces JSON or time_s,available CSV")
     p.add_argument("--start-hour", type=float, default=None, help="segment start in the trace (hours)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length (hours)")
-    p.add_argument("--segment", choices=["abundant", "scarce", "volatile"], default=None,
-                   help="let the picker choose the segment (instead of --start-hour)")
+    p.add_argument("--segment", choices=["abundant", "scarce", "volatile", "like-14", "like-10", "like-12"],
+                   default=None, help="let the picker choose the segment (instead of --start-hour); like-N: "
+                   "the segment matched to the paper's with a ROLL-Large pool of N GPUs (experiments fig5-paper)")
     p.add_argument("--systems", default="pearl,roll,rlboost+,oracle",
                    help="comma-separated: roll, roll-large, rlboost+, pearl, oracle, pearl-coloc, pearl-nogate")
     p.add_argument("--roll-large-gpus", type=int, default=None,
@@ -65,7 +66,7 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
 def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "experiments", help="regenerate the paper's figures and tables (Fig. 5/7/8, Tables 2/3)")
-    p.add_argument("which", nargs="?", default="all", choices=["fig5", "fig7", "fig8", "table2", "table3", "all", "collect"],
+    p.add_argument("which", nargs="?", default="all", choices=["fig5", "fig5-paper", "fig7", "fig8", "table2", "table3", "all", "collect"],
                    help="an experiment, all of them, or collect (rebuild EXPERIMENTS.md from the tables in --out)")
     p.add_argument("--out", default="runs/experiments", help="output folder (tables, PNGs, results.json)")
     p.add_argument("--trace", default=None, help="trace for Fig. 5 (default: the shared us-west-2a spot trace)")
@@ -74,6 +75,8 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="workload preset (pearl/sim/presets.py); default: calibrated to the paper")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent replays")
     p.add_argument("--systems", default=None, help="fig5 only: comma list of systems (default: all five)")
+    p.add_argument("--table2-seeds", type=int, default=None,
+                   help="table2 only: paired workload seeds per budget (default 24; more resolve near-ties)")
     p.add_argument("--quick", action="store_true", help="small scale (short segments, fewer points): for tests")
     p.add_argument("--docs", default="docs/EXPERIMENTS.md", help="markdown with every table ('' to skip)")
     p.set_defaults(func=experiments_main)
@@ -105,7 +108,8 @@ def experiments_main(args: argparse.Namespace) -> int:
     try:
         out = run_experiments(args.which, Path(args.out), trace=args.trace, hours=args.hours, quick=args.quick,
                               docs=args.docs or None, workload=args.workload,
-                              jobs=args.jobs, systems=args.systems.split(",") if args.systems else None)
+                              jobs=args.jobs, systems=args.systems.split(",") if args.systems else None,
+                              table2_seeds=args.table2_seeds)
     except (ConfigError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

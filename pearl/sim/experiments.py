@@ -13,6 +13,10 @@ clock) and writes ``<out>/<name>.json`` (raw numbers), ``<out>/<name>.md`` (tabl
   where PEARL's difference to RLBoost+ comes from), throughput normalised to ROLL. roll-large's
   fixed pool = reserved + the segment's mean preemptible GPUs (rounded), as the paper sized its
   14 / 10 / 12-GPU pools to its segments.
+- **fig5-paper**: the same on segments matched to the paper's (``match_segments``): the paper sized
+  ROLL-Large to 14 / 10 / 12 rollout GPUs (Sec. 6.1), i.e. segments averaging 10 / 6 / 8
+  preemptible GPUs next to the 4 reserved; the picker's extremes average 12 / 5.5 / 3. Labels
+  ``like-14`` / ``like-10`` / ``like-12`` name the paper's ROLL-Large pool each segment matches.
 - **fig7** (paper Fig. 7): fixed rollout pools of 4, 8, 12, 16 GPUs, no preemptible GPUs, the
   ladder roll -> +pd (forced disaggregation) -> +pd+toggle (ungated borrowing) -> +pd+toggle+gate.
 - **fig8** (paper Fig. 8): rlboost+ vs pearl on the volatile segment, batch 32..128 (limit 32K) and
@@ -21,7 +25,7 @@ clock) and writes ``<out>/<name>.json`` (raw numbers), ``<out>/<name>.md`` (tabl
 - **table2** (paper Table 2): dedicated budgets 8 / 10 / 12 GPUs, without and with the 16 training
   GPUs borrowed (24 / 26 / 28 workers); the decision engine's allocation vs the best of every fixed
   allocation measured in the emulator (one rollout batch on a fixed pool per allocation, for each
-  of ``TABLE2_SEEDS`` = 8 paired workload seeds; ``combine_table2_seeds``).
+  of ``TABLE2_SEEDS`` = 24 paired workload seeds; ``combine_table2_seeds``).
 - **table3** (paper Table 3): reconfiguration costs as observed in the pearl runs of fig5.
 
 ``quick=True`` shrinks everything (20-minute segments, fewer points) for tests.
@@ -46,11 +50,28 @@ from pearl.config import CONFIG_DIR, RunConfig, load_config
 from pearl.sim.presets import preset_overrides
 from pearl.sim.report import markdown_table
 from pearl.sim.systems import ABLATION, SYSTEMS
-from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
+from pearl.sim.traces import SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 DEFAULT_TRACE = CONFIG_DIR.parent.parent / "shared/data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json"
 FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
+#: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
+#: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
+#: these minus the reserved ones.
+PAPER_ROLL_LARGE = (14, 10, 12)
+
+
+def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[str, SegmentPick]:
+    """``picker``: abundant / volatile / scarce (``pick_segments``); ``paper``: segments whose
+    mean preemptible GPUs match the paper's ROLL-Large pools (``PAPER_ROLL_LARGE`` minus
+    ``cluster.reserved_gpus``), labelled ``like-<pool>``."""
+    if segments == "picker":
+        picks = pick_segments(tr, cfg.cluster, hours)
+        return {k: picks[k] for k in ("abundant", "volatile", "scarce")}
+    if segments == "paper":
+        targets = {f"like-{g}": float(g - cfg.cluster.reserved_gpus) for g in PAPER_ROLL_LARGE}
+        return match_segments(tr, cfg.cluster, targets, hours)
+    raise ValueError(f"fig5 segments must be 'picker' or 'paper', not {segments!r}")
 
 
 def _cfg(name: str, workload: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -128,9 +149,10 @@ def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int,
 
 
 # ------------------------------------------------------------------------------------ fig 5
-def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
+def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> str:
     """Table + bar chart from ``{"model/segment": {"segment", "systems": {name: summary}}}``
-    (partial results give a partial table: missing systems show '-')."""
+    (partial results give a partial table: missing systems show '-'). ``name``: fig5 or
+    fig5-paper (the PNG's name and the heading)."""
     names = [n for n in FIG5_SYSTEMS if any(n in r["systems"] for r in results.values())]
 
     def tph(r: Mapping[str, Any], n: str) -> float | None:
@@ -166,15 +188,21 @@ def fig5_markdown(out: Path, results: Mapping[str, Any]) -> str:
               "by whole batches: pearl / roll, vs rlboost+", "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
     groups = list(results)
     series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
-    _bar(out / "fig5.png", groups, series, "throughput / ROLL", "Fig. 5: end-to-end throughput normalised to ROLL")
-    return ("## Fig. 5: throughput normalised to ROLL (2-hour segments of us-west-2a)\n\n"
-            + markdown_table(header, rows) + "\n")
+    paper = name == "fig5-paper"
+    _bar(out / f"{name}.png", groups, series, "throughput / ROLL",
+         "Fig. 5" + (" (paper-matched segments)" if paper else "") + ": end-to-end throughput normalised to ROLL")
+    title = ("## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of us-west-2a "
+             "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
+             if paper else "## Fig. 5: throughput normalised to ROLL (2-hour segments of us-west-2a)")
+    return title + "\n\n" + markdown_table(header, rows) + "\n"
 
 
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
          progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1,
-         systems: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
-    """One job per (model, segment, system), longest (oracle) first; results saved as they arrive."""
+         systems: Sequence[str] | None = None, segments: str = "picker") -> tuple[str, dict[str, Any]]:
+    """One job per (model, segment, system), longest (oracle) first; results saved as they arrive.
+    ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``)."""
+    name = "fig5" if segments == "picker" else "fig5-paper"
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
@@ -183,27 +211,27 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
     todo = []
     for model, cfg_name in models:
         cfg = _cfg(cfg_name, workload)
-        picks = pick_segments(tr, cfg.cluster, hours)
-        for label in ("abundant", "volatile", "scarce"):
-            p = picks[label]
-            for name in systems:
-                todo.append((model, label, p, name, (cfg_name, workload, {}, trace, p.start_hour, dur_h, (name,), False)))
+        picks = fig5_segments(tr, cfg, hours, segments)
+        for label, p in picks.items():
+            for sysname in systems:
+                todo.append((model, label, p, sysname,
+                             (cfg_name, workload, {}, trace, p.start_hour, dur_h, (sysname,), False)))
     todo.sort(key=lambda t: t[3] != "oracle")
-    part = out / "fig5.partial.json"  # results of earlier (interrupted) runs are kept and merged
+    part = out / f"{name}.partial.json"  # results of earlier (interrupted) runs are kept and merged
     results: dict[str, Any] = json.loads(part.read_text()) if part.is_file() else {}
 
     def keep(i: int, res: dict[str, Any]) -> None:
-        model, label, p, name, _job = todo[i]
+        model, label, p, sysname, _job = todo[i]
         r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "systems": {}})
-        r["systems"][name] = res["systems"][name]
-        (out / "fig5.partial.json").write_text(json.dumps(results, indent=1, default=str))
-        progress(f"fig5 done: {model} {label} {name}")
+        r["systems"][sysname] = res["systems"][sysname]
+        part.write_text(json.dumps(results, indent=1, default=str))
+        progress(f"{name} done: {model} {label} {sysname}")
 
-    progress(f"fig5: {len(todo)} replays")
+    progress(f"{name}: {len(todo)} replays")
     _pmap(_sim_job, [t[4] for t in todo], jobs, keep)
-    order = [f"{m}/{lab}" for m, _c in models for lab in ("abundant", "volatile", "scarce")]
+    order = list(dict.fromkeys(f"{t[0]}/{t[1]}" for t in todo if t[3] == systems[0]))
     results = {k: results[k] for k in order if k in results}
-    return _save(out, "fig5", results, fig5_markdown(out, results)), results
+    return _save(out, name, results, fig5_markdown(out, results, name)), results
 
 
 # ------------------------------------------------------------------------------------ fig 7
@@ -275,7 +303,7 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
 
 
 # ------------------------------------------------------------------------------------ table 2
-TABLE2_SEEDS = 8
+TABLE2_SEEDS = 24
 
 
 def _modal(labels: Sequence[str], order: Mapping[str, float]) -> str:
@@ -521,7 +549,8 @@ def _mtime(path: Path) -> str:
 
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
-                    workload: str = "paper", jobs: int = 1, systems: Sequence[str] | None = None) -> Path:
+                    workload: str = "paper", jobs: int = 1, systems: Sequence[str] | None = None,
+                    table2_seeds: int | None = None) -> Path:
     preset_overrides(workload)  # validates the name
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -531,28 +560,31 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     if which in ("fig5", "all"):
         md, f5 = fig5(out, trace, hours, quick, progress, workload, jobs, systems)
         parts.append(md)
+    if which in ("fig5-paper", "all"):
+        parts.append(fig5(out, trace, hours, quick, progress, workload, jobs, systems, segments="paper")[0])
     if which in ("fig7", "all"):
         parts.append(fig7(out, quick, progress, workload, jobs)[0])
     if which in ("fig8", "all"):
         parts.append(fig8(out, trace, quick, progress, workload, jobs)[0])
     if which in ("table2", "all"):
-        parts.append(table2(out, quick, progress, workload, jobs)[0])
+        parts.append(table2(out, quick, progress, workload, jobs, table2_seeds)[0])
     if which in ("table3", "all"):
         parts.append(table3(out, f5, quick, progress, workload, jobs, trace)[0])
     if which == "collect":  # rebuild the markdown from the tables already in ``out`` (no replays)
-        f5p = out / ("fig5.json" if (out / "fig5.json").is_file() else "fig5.partial.json")
-        if f5p.is_file():
-            (out / "fig5.md").write_text(fig5_markdown(out, json.loads(f5p.read_text())))
+        for fname in ("fig5", "fig5-paper"):
+            f5p = out / (f"{fname}.json" if (out / f"{fname}.json").is_file() else f"{fname}.partial.json")
+            if f5p.is_file():
+                (out / f"{fname}.md").write_text(fig5_markdown(out, json.loads(f5p.read_text()), fname))
         if (out / "table2.json").is_file():
             (out / "table2.md").write_text(table2_markdown(json.loads((out / "table2.json").read_text())))
-        names = [n for n in ("fig5", "fig7", "fig8", "table2", "table3") if (out / f"{n}.md").is_file()]
+        names = [n for n in ("fig5", "fig5-paper", "fig7", "fig8", "table2", "table3") if (out / f"{n}.md").is_file()]
         parts = [(out / f"{n}.md").read_text() for n in names]
         stamps = ", ".join(f"{n} {_mtime(out / f'{n}.json')}" for n in names if (out / f"{n}.json").is_file())
     how = (f"tables collected from the last runs in {out} (last run of each, UTC: {stamps}; tables from "
            "different runs may come from different code states)" if which == "collect"
            else f"{time.perf_counter() - t0:.0f} s wall")
     text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments all --workload {workload}"
-            f"{' --quick' if quick else ''}` (or one of fig5 | fig7 | fig8 | table2 | table3, then `collect`); "
+            f"{' --quick' if quick else ''}` (or one of fig5 | fig5-paper | fig7 | fig8 | table2 | table3, then `collect`); "
             f"{how}. Workload preset `{workload}` (pearl/sim/presets.py). How to read these numbers, and "
             "which of issue 3's figures they meet: docs/simulation.md, section Results.\n\n" + "\n".join(parts))
     (out / "EXPERIMENTS.md").write_text(text)

@@ -509,7 +509,11 @@ def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
     if args.seed is not None:
         cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"seed": args.seed})})
     trace = load_trace(args.trace)
-    if args.segment:
+    if args.segment and args.segment.startswith("like-"):  # matched to the paper's segments
+        from pearl.sim.experiments import fig5_segments
+
+        start_h = fig5_segments(trace, cfg, args.hours, "paper")[args.segment].start_hour
+    elif args.segment:
         start_h = pick_segments(trace, cfg.cluster, args.hours)[args.segment].start_hour
     else:
         start_h = args.start_hour or 0.0

@@ -14,6 +14,7 @@ Formats read natively (``load_trace``):
 A broken file raises ``TraceError`` naming the file and the line (CSV) or field (JSON) at fault.
 
 Public names: ``Trace``, ``TraceError``, ``load_trace``, ``SegmentPick``, ``pick_segments``,
+``match_segments``,
 ``GpuTimeline``, ``TimedEvent``, ``gpu_timeline``, ``trace_events``, ``DEFAULT_NOTICE_S``.
 
 Life cycle: ``load_trace`` -> ``Trace.segment(start_s, duration_s)`` (or ``pick_segments``) ->
@@ -33,6 +34,11 @@ Modelling choices the paper leaves open (made here):
   (ties: fewest changes), ``volatile`` = most change points (ties: largest total |delta|),
   ``scarce`` = lowest mean among windows whose mean is at least a quarter of
   ``max_preemptible_gpus`` (an all-zero window tests nothing elastic). The three are disjoint.
+- Matched picker (``match_segments``): for each label a target mean of preemptible GPUs, the
+  window whose mean is nearest the target (ties: most change points, then earliest); disjoint,
+  taken in the order given. ``experiments fig5-paper`` uses it to match the paper's segments:
+  the paper sized ROLL-Large to each segment's GPUs (14 / 10 / 12 rollout GPUs, Sec. 6.1), so
+  with 4 reserved GPUs its segments averaged 10 / 6 / 8 preemptible GPUs.
 """
 
 from __future__ import annotations
@@ -238,7 +244,7 @@ def trace_events(tl: GpuTimeline, notice_s: float = DEFAULT_NOTICE_S, node_prefi
 # ------------------------------------------------------------------------------ picker
 @dataclass(frozen=True)
 class SegmentPick:
-    label: str  # abundant | scarce | volatile
+    label: str  # abundant | scarce | volatile (pick_segments), or the caller's (match_segments)
     start_hour: float
     hours: float
     mean_gpus: float
@@ -254,8 +260,8 @@ class SegmentPick:
         }
 
 
-def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dict[str, SegmentPick]:
-    """Disjoint abundant / volatile / scarce windows of ``hours`` (rules in the module docstring)."""
+def _windows(trace: Trace, cluster: ClusterSpec, hours: float) -> tuple[GpuTimeline, int, list[tuple[int, float, int, int]]]:
+    """Every tick-aligned window of ``hours``: (first tick, mean GPUs, change points, sum |delta|)."""
     tl = gpu_timeline(trace, cluster)
     n = max(1, math.ceil(hours * 3600 / tl.gap_s))
     if n > len(tl.gpus):
@@ -266,6 +272,35 @@ def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dic
         changes = sum(1 for a, b in itertools.pairwise(w) if a != b)
         delta = sum(abs(a - b) for a, b in itertools.pairwise(w))
         stats.append((i, sum(w) / n, changes, delta))
+    return tl, n, stats
+
+
+def match_segments(trace: Trace, cluster: ClusterSpec, targets: dict[str, float],
+                   hours: float = 2.0) -> dict[str, SegmentPick]:
+    """Disjoint windows of ``hours``, one per ``label -> target mean preemptible GPUs``: the
+    window whose mean is nearest the target (ties: most change points, then earliest), taken in
+    the order of ``targets``. A target outside ``[0, max_preemptible_gpus]`` is an error."""
+    for label, m in targets.items():
+        if not 0 <= m <= cluster.max_preemptible_gpus:
+            raise TraceError(f"{trace.source}: segment {label!r} asks for a mean of {m} preemptible GPUs; "
+                             f"the cluster has 0..{cluster.max_preemptible_gpus}")
+    tl, n, stats = _windows(trace, cluster, hours)
+    taken: list[int] = []
+    picks: dict[str, SegmentPick] = {}
+    for label, m in targets.items():
+        cands = [s for s in stats if all(abs(s[0] - j) >= n for j in taken)]
+        if not cands:
+            raise TraceError(f"{trace.source}: no {hours} h window left for segment {label!r} "
+                             f"({len(taken)} taken; the trace is {tl.duration_s / 3600:.1f} h)")
+        best = min(cands, key=lambda s: (abs(s[1] - m), -s[2], s[0]))
+        taken.append(best[0])
+        picks[label] = SegmentPick(label, best[0] * tl.gap_s / 3600, n * tl.gap_s / 3600, best[1], best[2])
+    return picks
+
+
+def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dict[str, SegmentPick]:
+    """Disjoint abundant / volatile / scarce windows of ``hours`` (rules in the module docstring)."""
+    tl, n, stats = _windows(trace, cluster, hours)
     taken: list[int] = []
 
     def free(i: int) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from pearl.config import load_config
 from pearl.sim.cli import add_experiments_parser, add_simulate_parser
-from pearl.sim.experiments import table3
+from pearl.sim.experiments import fig5, table3
 from pearl.sim.presets import PRESETS, preset_overrides
 
 
@@ -61,7 +61,23 @@ def test_parsers_register() -> None:
     a = ap.parse_args(["simulate", "--trace", "x.json", "--segment", "volatile", "--json"])
     assert a.systems == "pearl,roll,rlboost+,oracle" and a.hours == 2.0 and callable(a.func)
     b = ap.parse_args(["experiments", "fig7", "--quick"])
-    assert b.which == "fig7" and b.quick and b.workload == "paper"
+    assert b.which == "fig7" and b.quick and b.workload == "paper" and b.table2_seeds is None
+    c = ap.parse_args(["experiments", "fig5-paper", "--table2-seeds", "24"])
+    assert c.which == "fig5-paper" and c.table2_seeds == 24
+
+
+def test_fig5_on_paper_matched_segments(tmp_path: Path) -> None:
+    """fig5-paper: three segments named after the paper's ROLL-Large pools, replayed (quick: the
+    first 20 minutes of each) and saved apart from fig5."""
+    md, res = fig5(tmp_path, quick=True, progress=lambda _m: None, systems=("roll",), segments="paper")
+    assert list(res) == ["qwen3-8b/like-14", "qwen3-8b/like-10", "qwen3-8b/like-12"]
+    means = [r["segment"]["mean_gpus"] for r in res.values()]
+    assert [round(m) for m in means] == [10, 6, 8]  # ROLL-Large pool - 4 reserved
+    assert all(r["systems"]["roll"]["trajectories_per_hour"] > 0 for r in res.values())
+    assert "paper-matched" in md and (tmp_path / "fig5-paper.json").is_file()
+    assert not (tmp_path / "fig5.json").exists()
+    with pytest.raises(ValueError, match="'picker' or 'paper'"):
+        fig5(tmp_path, quick=True, progress=lambda _m: None, systems=("roll",), segments="nope")
 
 
 def _seed_run(seed: int, chosen: str, measured: dict[str, float], predicted: dict[str, float]) -> dict[str, object]:

@@ -13,6 +13,7 @@ from pearl.sim.cli import main
 from pearl.sim.simulate import run_simulation
 from pearl.sim.systems import SYSTEMS, apply_system
 from pearl.sim.traces import Trace, gpu_timeline
+from tests.conftest import SHARED_DIR
 
 SMALL = {"workload.batch_size": 16, "workload.max_trajectory_tokens": 8192}
 B = 16
@@ -120,6 +121,21 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good.write_text("time_s,available\n0,1\n7200,1\n")
     assert main(["simulate", "--trace", str(good), "--systems", "roll,nope", "--json"]) == 2
     assert "unknown system 'nope'" in capsys.readouterr().err
+
+
+def test_cli_paper_matched_segment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--segment like-10: the window matched to the paper's segment with a 10-GPU ROLL-Large pool
+    (6 preemptible GPUs on average next to the 4 reserved); a trace too short for three disjoint
+    windows is refused with the reason."""
+    trace = SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json"
+    assert main(["simulate", "--trace", str(trace), "--segment", "like-10", "--hours", "0.25",
+                 "--systems", "roll", "--json"]) == 0
+    meta = json.loads(capsys.readouterr().out)["meta"]
+    assert meta["mean_preemptible_gpus"] == pytest.approx(6.0, abs=0.5)
+    short = tmp_path / "short.csv"
+    short.write_text("time_s,available\n0,1\n3600,8\n")
+    assert main(["simulate", "--trace", str(short), "--segment", "like-14", "--hours", "1", "--json"]) == 2
+    assert "no 1.0 h window left for segment 'like-12'" in capsys.readouterr().err
 
 
 def test_piecewise_prediction_follows_the_allocations_in_force() -> None:

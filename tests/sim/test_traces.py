@@ -15,6 +15,7 @@ from pearl.sim.traces import (
     TraceError,
     gpu_timeline,
     load_trace,
+    match_segments,
     pick_segments,
     trace_events,
 )
@@ -142,3 +143,31 @@ def test_picker_on_real_trace() -> None:
     assert tl["volatile"].n_changes >= max(tl["abundant"].n_changes, tl["scarce"].n_changes)
     starts = sorted(p.start_hour for p in picks.values())
     assert all(b - a >= 2.0 for a, b in itertools.pairwise(starts))  # disjoint
+
+
+def test_matched_picker_on_real_trace() -> None:
+    """The paper's segments (ROLL-Large 14 / 10 / 12 GPUs = 10 / 6 / 8 preemptible on average)."""
+    t = load_trace(SPOT / "us-west-2a_v100_1.json")
+    cl = ClusterSpec()
+    targets = {"a": 10.0, "b": 6.0, "c": 8.0}
+    picks = match_segments(t, cl, targets, hours=2.0)
+    assert list(picks) == ["a", "b", "c"]
+    for k, p in picks.items():
+        tl = gpu_timeline(t.segment(p.start_hour * 3600, 7200), cl)
+        assert tl.mean == pytest.approx(p.mean_gpus) and abs(tl.mean - targets[k]) < 0.5
+        assert p.n_changes > 0  # among equal means the picker prefers the one that moves
+    starts = sorted(p.start_hour for p in picks.values())
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(starts))
+
+
+def test_matched_picker_nearest_and_errors() -> None:
+    cl = ClusterSpec(max_preemptible_gpus=12)
+    # 1-hour ticks: windows of 2 ticks have means 2, 4.5, 7, 5.5 (ticks 0-1, 1-2, 2-3, 3-4)
+    t = Trace("toy.json", 3600.0, (2, 2, 7, 7, 4))
+    picks = match_segments(t, cl, {"hi": 6.9, "lo": 0.0}, hours=2.0)
+    assert picks["hi"].start_hour == 2.0 and picks["hi"].mean_gpus == 7.0
+    assert picks["lo"].start_hour == 0.0  # nearest free window to 0 (disjoint from 2-4 h)
+    with pytest.raises(TraceError, match=r"toy\.json.*'x'.*0\.\.12"):
+        match_segments(t, cl, {"x": 13.0})
+    with pytest.raises(TraceError, match=r"no 2\.0 h window left for segment 'c'"):
+        match_segments(t, cl, {"a": 7.0, "b": 2.0, "c": 4.0}, hours=2.0)
