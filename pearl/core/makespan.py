@@ -108,19 +108,42 @@ prefill pool (disaggregation, B / N_P per prefill worker); the mean wait, added 
 KV memory: at most m_cap = H_max / K_seq trajectories fit on a worker; if m > m_cap the rest wait
 (the cycle is scaled by m / m_cap).
 
-Disaggregation (N_P prefill workers shared by all trajectories, N_D decode workers with
-m = max(B_k / N_D, 1) trajectories each)::
+Disaggregation (N_P prefill workers, N_D decode workers with m = max(B_k / N_D, 1) trajectories
+each; m_P = B_k / N_P trajectories per prefill worker)::
 
-    u      = min(B_k P / (N_P C), u_max)       prefill pool utilisation
-    W      = P u^(sqrt(2 (N_P + 1)) - 1) / (N_P (1 - u))     M/M/c queueing wait (Sakasegawa)
+    W      = W_closed(m_P, P, Z, c_s^2)        wait in one prefill worker's queue (below)
+    Z      = C - W - P                         the rest of a trajectory's cycle (>= X + D + e)
     D      = o tau(n, L)                       no interference: decode runs alone
     C_lat  = W + P + X + D + e                 prefill path (incl. KV transfer) + decode + env
-    C_P    = B_k P / (N_P u_max)               prefill path throughput bound
+    C_P    = B_k P / N_P                       prefill path throughput bound (the pool at full use)
     C_D    = (m o / n) tau(n, L)               decode path throughput bound
     C      = max(C_lat, C_P, C_D)              the longer path dominates, env time on top of the
                                                latency path (paper: "max of the prefill and
                                                decode paths plus environment time")
     n      = clip(m D / C, 1, m)
+
+The prefill pool's wait (session 8, measured). The router keeps a trajectory on the prefill worker
+that holds its prefix unless that worker's load exceeds the least loaded one's by the affinity
+slack (``pipeline.Router``), so the pool is N_P queues of about m_P trajectories each, not one
+pooled queue; and each queue is fed by a *closed* population: a trajectory that waits submits
+nothing else, so a long queue slows its own arrivals. ``W_closed`` is therefore exact mean value
+analysis of one FCFS queue (service P, squared coefficient of variation c_s^2) with m_P customers
+whose think time is Z (``closed_queue_wait``; c_s^2 of the turn mixture,
+``prefill_service_scv``). Measured on the emulator (Qwen3-8B, ``paper`` workload, B = 64; 14 P:D
+splits on 8-28 workers, turn groups 1-5, 70 points; the wait is a request's admission-to-first-
+token span minus its prefill GPU work alone): mean |error| per turn 0.6 s for the first model (a
+pooled M/M/c queue, Sakasegawa's approximation, which put the 8-prefill-worker splits at 26-28
+workers 3.8-3.9 % too fast and the 11-prefill ones 1.8-2.0 %), 1.2 s for one open M/D/1 queue per
+worker, 0.23 s for the closed queue (c_s^2 = 0: -0.22 s bias; c_s^2 = 1: +0.41 s; the mixture's
+0.12-0.14 lies between; c_s^2 = 0.25 would fit best, 0.14 s, but it is a fit to these points, not a
+measured property of the workload, so the mixture's is used). Over every split of 6 budgets x 6 paired seeds (648 runs), the median
+|error| of the predicted makespan went from 1.95 % to 1.37 %, and the mean errors of the 6-12
+prefill-worker splits at 24-28 workers from -1.3 .. -3.9 % to -0.4 .. -1.8 %. With the closed queue the pool's saturation is in W
+(X(m_P) <= 1 / P), so ``C_P`` is the pool's full capacity; the first model needed the planning
+headroom ``u_max`` in ``C_P`` too (its open-queue W diverges at u = 1), which put 3P5D on 8 workers
+(mid-batch u ~ 0.95) 3 % too slow. ``u_max`` stays in the feasibility check below. What is left:
+colocation is predicted 1-2 % fast and the saturated splits (2 prefill workers, u_batch near 1)
+~7 % fast.
 
 Feasibility of a disaggregated split (paper Sec. 4.2):
 
@@ -143,11 +166,11 @@ Feasibility of a disaggregated split (paper Sec. 4.2):
   splits that do keep up with their decode side pass and are left to the makespan, which ranks
   them last: 2P6D on 8 workers (586 s measured vs 426 s colocated); 1P3D on 4, whose 3 decode
   workers are as saturated (predicted 1,128 s, measured 1,375 s, colocation 670 s;
-  ``force_disaggregation`` runs it, the unforced engine does not). Not chosen: the check against the
-  predicted makespan, ``sum_s T_s B_s P_s / N_P <= u_max M_PD``, is vacuous here, because
-  ``C_P = B_s P_s / (N_P u_max)`` stretches ``M_PD`` until the ratio sits just under ``u_max``
-  for every split (0.946 at 1P7D, B = 1024). Modelling choice: ``u_max`` =
-  ``policy.max_prefill_utilization`` (0.95) in both the check and ``C_P``;
+  ``force_disaggregation`` runs it, the unforced engine does not). Not chosen (session 5, with the
+  ``C_P = B_s P_s / (N_P u_max)`` of the first prefill model): the check against the predicted
+  makespan, ``sum_s T_s B_s P_s / N_P <= u_max M_PD``, was vacuous, because that bound stretched
+  ``M_PD`` until the ratio sat just under ``u_max`` for every split (0.946 at 1P7D, B = 1024).
+  Modelling choice: ``u_max`` = ``policy.max_prefill_utilization`` (0.95), the planning headroom;
 * KV memory: ``B * K_seq <= N_D * H_max``.
 
 In-flight batch after a pool change (session 3, ``sticky_pool``). Every formula above is for a
@@ -178,7 +201,7 @@ trajectories alive at the change, and the placement is reset by a mode switch (a
 decode pool is chosen by least load, without affinity) and by the next batch.
 
 Modelling choices the paper leaves open, made here: M/D/1 wait for colocated prefill (prefill
-chunks are near-deterministic), Sakasegawa's M/M/c approximation for the prefill pool, full
+chunks are near-deterministic), one closed FCFS queue per prefill worker for the pool, full
 context transfer per turn, u_cap = 0.95 for colocation, ``STAGES`` = 8 and ``ITERATIONS`` = 12
 (at most; iteration stops once no cycle time moves by more than 1e-4 relative in a round).
 """
@@ -287,7 +310,114 @@ def _first_prefill(hw: HardwareProfile, wl: WorkloadProfile) -> float:
 
 def _converged(prev: F64, cur: F64, rtol: float = 1e-4) -> bool:
     """Stop early once no cycle time moved by more than ``rtol`` (relative) in one round."""
-    return bool(np.all(np.abs(cur - prev) <= rtol * cur))
+    return bool((np.abs(cur - prev) <= rtol * cur).all())
+
+
+def prefill_service_scv(hw: HardwareProfile, wl: WorkloadProfile) -> float:
+    """Squared coefficient of variation of one prefill's service time, over the turn mixture::
+
+        c_s^2 = sum_k w_k (P_k - P_bar)^2 / P_bar^2,   P_k = P(x_k, c_k),  w_k = S(k) / sum_j S(j),
+        P_bar = sum_k w_k P_k
+
+    A prefill worker's queue holds turns of every index at once (the trajectories desynchronise
+    within a few turns), so the spread that matters is that between turns; within one turn index
+    it is small (emulator, Qwen3-8B ``paper`` workload: c_s^2 0.01-0.03 per turn group, 0.12-0.14
+    over the mixture, both measured on the requests' GPU work alone)."""
+    s = np.asarray(wl.survival, dtype=np.float64)
+    if s.size == 0 or s.sum() <= 0:
+        return 0.0
+    pk = _prefill(hw, np.asarray(wl.new_tokens, dtype=np.float64), np.asarray(wl.cached_tokens, dtype=np.float64))
+    wk = s / s.sum()
+    mean = float((wk * pk).sum())
+    return float((wk * (pk - mean) ** 2).sum() / mean**2) if mean > 0 else 0.0
+
+
+#: think-to-service ratios z / p of the wait table (log grid, 160 points per decade); outside it
+#: the ratio is clipped (below 1e-3 the queue is saturated, above 1e4 it is empty)
+_RATIO_GRID = np.geomspace(1e-3, 1e4, 1121)
+_LOG_RATIO = np.log(_RATIO_GRID)
+
+
+def _closed_wait_table(k_max: int, cs2: float) -> F64:
+    """``T[k, j]`` = W / p with ``k`` customers and z / p = ``_RATIO_GRID[j]`` (k = 0 .. k_max):
+    the exact recursion of ``closed_queue_wait`` in units of p (cached as ``_closed_wait_cells``)."""
+    r = _RATIO_GRID
+    h = (1.0 + cs2) / 2.0 - 1.0
+    table = np.zeros((k_max + 1, r.size), dtype=np.float64)
+    q = np.zeros_like(r)
+    u = np.zeros_like(r)
+    for k in range(1, k_max + 1):
+        big_r = 1.0 + q + u * h
+        x = k / (big_r + r)
+        q, u = x * big_r, x
+        table[k] = big_r - 1.0
+    return table
+
+
+@functools.lru_cache(maxsize=4)
+def _closed_wait_cells(k_max: int, cs2: float) -> F64:
+    """The table as bilinear cells, one gather per lookup: row ``k * (G - 1) + j`` holds
+    ``(T[k, j], T[k, j+1] - T[k, j], T[k+1, j], T[k+1, j+1] - T[k+1, j])`` (k < k_max)."""
+    t = _closed_wait_table(k_max, cs2)
+    lo, hi = t[:-1], t[1:]
+    cells = np.stack([lo[:, :-1], np.diff(lo, axis=1), hi[:, :-1], np.diff(hi, axis=1)], axis=-1)
+    out: F64 = np.ascontiguousarray(cells.reshape(-1, 4))
+    out.setflags(write=False)
+    return out
+
+
+def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
+    """Mean wait W (s) in one prefill worker's FCFS queue fed by ``m`` trajectories (module
+    docstring, "the prefill pool's wait"): mean value analysis of a closed network of one queue
+    (service ``p``, squared coefficient of variation ``cs2``) and one delay station (``z``), with
+    the residual-service correction for non-exponential FCFS service::
+
+        R(k) = p + p (Q(k-1) - U(k-1)) + U(k-1) p (1 + c_s^2) / 2,   X(k) = k / (R(k) + z),
+        Q(k) = X(k) R(k),  U(k) = X(k) p,                             W = R(m) - p
+
+    for k = 1 .. m (R(1) = p, nothing queued); exact for exponential service (c_s^2 = 1, the
+    machine-repairman model). W / p depends on m and z / p only, so the recursion runs once per
+    (max m, c_s^2) on a log grid of z / p (``_closed_wait_table``, cached) and each call
+    interpolates: linearly in m between floor(m) and floor(m) + 1 (``m < 1`` waits 0) and
+    linearly in log(z / p). Why a table (session 8, ``make bench``): the recursion inside the
+    fixed point cost ceil(max m) + 1 vectorised steps per round, 5x the decision's latency
+    (B = 64: 65 steps x 12 rounds); the table's interpolation error is under 0.1 % of W
+    (``tests/core/test_makespan_queue.py``); its memory is 32 (k_max + 1) G bytes, G = 1121
+    (B = 64: 2.3 MB). The arrays broadcast together."""
+    m, p, z = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64),
+                                  np.asarray(z, dtype=np.float64))
+    return _ClosedWait(m, p, cs2)(np.maximum(z, 1e-300))
+
+
+class _ClosedWait:
+    """``closed_queue_wait`` with ``m``, ``p`` and c_s^2 fixed and ``z`` free: the fixed point of
+    ``disaggregated_makespan`` calls it with a new ``z`` every round, so the table lookup in m is
+    done once (flat indices into the table) and a call is ~15 small numpy operations."""
+
+    __slots__ = ("base", "cells", "logp", "w_hi", "w_lo", "width")
+
+    def __init__(self, m: F64, p: F64, cs2: float) -> None:
+        m, p = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64))
+        need = math.ceil(float(np.max(m))) + 1 if m.size else 2
+        k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
+        self.cells = _closed_wait_cells(k_max, round(float(cs2), 3))
+        lo = np.clip(np.floor(m), 1, k_max - 1).astype(np.intp)
+        self.width = _RATIO_GRID.size - 1
+        self.base = lo * self.width
+        fm = np.clip(m - lo, 0.0, 1.0)
+        scale = np.where(m < 1.0, 0.0, p)  # W = p x (W / p); m < 1 waits 0
+        self.w_lo, self.w_hi = (1.0 - fm) * scale, fm * scale  # the weights of rows floor(m), floor(m) + 1
+        self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0]
+
+    def __call__(self, z: F64) -> F64:
+        """W for think times ``z`` (> 0)."""
+        pos = (np.log(z) - self.logp) * (1.0 / (_LOG_RATIO[1] - _LOG_RATIO[0]))
+        pos = np.minimum(np.maximum(pos, 0.0), self.width - 1e-6)
+        j = pos.astype(np.intp)  # floor: pos >= 0
+        fj = pos - j
+        g = self.cells[self.base + j]  # one gather: the cell's corners and slopes
+        w: F64 = (g[..., 0] + fj * g[..., 1]) * self.w_lo + (g[..., 2] + fj * g[..., 3]) * self.w_hi
+        return w  # >= 0: the table is, and the weights are
 
 
 def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, batch: int, n_workers: F64) -> F64:
@@ -311,7 +441,7 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
         w = u * p / (2.0 * (1.0 - u))
         c_lat = w + p + d + st.e
         prev, c_cyc = c_cyc, np.maximum(c_lat, c_cap)
-        n = 0.5 * n + 0.5 * np.clip(m * d / c_cyc, 1.0, m)
+        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
         if _converged(prev, c_cyc):
             break
     weights, factor = st.path(wl, batch)
@@ -342,22 +472,25 @@ def disaggregated_makespan(
     ctx = st.x + st.c + st.o / 2.0
     n = m.copy()
     c_cyc = p + xfer + st.o * _tau(hw, n, ctx) + st.e
-    expo = np.sqrt(2.0 * (npf + 1.0)) - 1.0
-    load = bk * p / npf  # B_k P / N_P
-    c_p = load / u_max
+    # the prefill pool's wait: trajectories per prefill worker B_k / N_P, service P
+    m_p, p_b, _ = np.broadcast_arrays(bk / npf, p, c_cyc)
+    prefill_wait = _ClosedWait(m_p, p_b, prefill_service_scv(hw, wl))
+    c_p = bk * p / npf  # B_k P / N_P: the pool at full capacity
     fixed = p + xfer + st.e
+    rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode
     m_o = m * st.o
     c_lat = c_cyc
     c_d = c_cyc
+    w = np.zeros_like(c_cyc)
     for _ in range(ITERATIONS):
         tau = _tau(hw, n, ctx)
-        u = np.minimum(load / c_cyc, u_max)
-        w = p * np.exp(expo * np.log(np.maximum(u, 1e-300))) / (npf * (1.0 - u))
         d = st.o * tau
+        z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
+        w = prefill_wait(z)
         c_lat = w + fixed + d
         c_d = m_o * tau / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * n + 0.5 * np.clip(m * d / c_cyc, 1.0, m)
+        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
         if _converged(prev, c_cyc):
             break
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)

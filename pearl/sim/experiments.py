@@ -330,7 +330,13 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
     decision over the K seeds (each decided from that seed's colocated batch, as PEARL decides
     after one step), its agreement the number of seeds that decided it. ``gap`` is the chosen's
     mean paired excess over the best, ``gap_se`` its standard error: a gap under 2 s.e. is a tie
-    the K seeds cannot resolve. Why K seeds (session 5, measured): one batch's makespan varies by
+    the K seeds cannot resolve. ``cost`` is what the decisions themselves cost: the mean over the
+    seeds of *that seed's* choice's excess over the empirical best (``cost_se`` its standard
+    error; it can be negative, where a seed's own choice beats the allocation that is best on
+    average). Why both (session 8): the modal choice can miss the best by a tie while the seeds'
+    choices cost ~0 (at 26 workers the engine picked 8P18D on 14 of 24 seeds, 9P17D is best on
+    average, and the choices cost -0.26 %), and a modal match can hide costly seeds (8 workers,
+    before session 8: 3P5D on 11 of 24 seeds, the other 13 cost 1.07 % on average). Why K seeds (session 5, measured): one batch's makespan varies by
     ~3-8 % from seed to seed and the top P:D splits at 24-28 workers are within 0.1-0.5 % of each
     other, so with one seed the "best" there was the seed's draw."""
     seeds = list(per_seed)
@@ -348,6 +354,9 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
     best_split = min(splits, key=lambda k: splits[k]) if splits else None
     eng_modal = _modal(eng, mean) if eng else None
     gap, gap_se = _paired_gap(seeds, chosen, best) if chosen in mean else (math.nan, math.nan)
+    costs = [r["measured"][r["chosen"]] / r["measured"][best] - 1.0 for r in seeds if r["chosen"] in r["measured"]]
+    cost = statistics.fmean(costs) if costs else math.nan
+    cost_se = statistics.stdev(costs) / math.sqrt(len(costs)) if len(costs) > 1 else 0.0
     sgap, sgap_se = (_paired_gap(seeds, eng_modal, best_split) if eng_modal in mean and best_split
                      else (math.nan, math.nan))
     errs = sorted(abs(r["predicted"][k] - v) / v for r in seeds for k, v in r["measured"].items()
@@ -356,6 +365,7 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
         "n_workers": seeds[0]["n_workers"], "k_seeds": len(seeds), "seeds": seeds,
         "measured": {k: round(v, 3) for k, v in mean.items()}, "best": best, "chosen": chosen,
         "chosen_agree": sum(r["chosen"] == chosen for r in seeds), "gap": gap, "gap_se": gap_se,
+        "cost": cost, "cost_se": cost_se,
         "engine_split": eng_modal, "best_split": best_split, "split_gap": sgap, "split_gap_se": sgap_se,
         "predicted_coloc": statistics.fmean(r["predicted"]["coloc"] for r in seeds),
         "errors": errs,
@@ -374,10 +384,13 @@ def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
     rows = []
     full = ratio = within = ties = 0
     errs_all: list[float] = []
+    rows_r: list[Mapping[str, Any]] = []
     k_seeds = 1
     for key, r0 in results.items():
         n = int(key)
-        r = r0 if "seeds" in r0 else combine_table2_seeds([r0])
+        # recombined from the seeds: a result saved before a column was added renders it too
+        r = combine_table2_seeds(r0.get("seeds", [r0]))
+        rows_r.append(r)
         k_seeds = r["k_seeds"]
         errs = r["errors"]
         errs_all.extend(errs)
@@ -393,23 +406,29 @@ def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
         rows.append([f"{n - training_gpus if overlap else n} + {'16 overlap' if overlap else 'no overlap'}",
                      f"{r['chosen']} ({r['chosen_agree']}/{k_seeds})", r["best"],
                      f"{100 * r['gap']:.2f}% ± {100 * r['gap_se']:.2f}", verdict,
+                     f"{100 * r['cost']:+.2f}% ± {100 * r['cost_se']:.2f}",
                      r["engine_split"], r["best_split"], f"{100 * r['split_gap']:.2f}% ± {100 * r['split_gap_se']:.2f}",
                      "yes" if ok_ratio else "no",
                      f"{r['predicted_coloc']:.0f} / {r['measured']['coloc']:.0f}",
                      f"{100 * errs[len(errs) // 2]:.1f}%" if errs else "-"])
+    costs = [r["cost"] for r in rows_r if math.isfinite(r["cost"])]
+    cost_txt = f"{100 * statistics.fmean(costs):+.2f} %" if costs else "-"
     return ("## Table 2: decision engine vs every fixed allocation measured in the emulator\n\n"
             f"Every allocation runs one rollout batch on a fixed pool, for each of {k_seeds} workload "
             "seeds (the same trajectories in every allocation: paired); 'empirical best' = lowest mean "
             "makespan over the seeds; 'engine' = the decision engine's modal choice over the seeds (how "
             "many seeds chose it), each seed decided from its own colocated batch; gap = the chosen's "
             "mean paired excess over the best ± its standard error ('tie': under 2 s.e., not "
-            "resolved by the seeds). 'with overlap' = the dedicated GPUs + 16 borrowed training GPUs "
-            "as one pool.\n\n"
-            + markdown_table(["budget", "engine (mode+ratio)", "empirical best", "gap", "match",
+            "resolved by the seeds); cost = the mean over the seeds of each seed's own choice's "
+            "excess over the empirical best ± its standard error (what the decisions cost; negative "
+            "where a seed's choice beats the allocation that is best on average). 'with overlap' = "
+            "the dedicated GPUs + 16 borrowed training GPUs as one pool.\n\n"
+            + markdown_table(["budget", "engine (mode+ratio)", "empirical best", "gap", "match", "cost",
                               "engine P:D", "best measured P:D", "P:D gap", "P:D match",
                               "coloc predicted / measured s", "median predictor err"], rows)
             + f"\n\nFull decision matches: {full}/{len(results)} ({within}/{len(results)} within 1 %, "
-            f"{ties} statistical ties among the misses). P:D ratio matches: {ratio}/{len(results)}. "
+            f"{ties} statistical ties among the misses; the seeds' own choices cost {cost_txt} on "
+            f"average over the budgets). P:D ratio matches: {ratio}/{len(results)}. "
             f"Predictor vs emulator over every measured allocation and seed (fixed pools, profiles "
             f"refit on one colocated batch): median |error| "
             f"{100 * sorted(errs_all)[len(errs_all) // 2] if errs_all else float('nan'):.1f}% "

@@ -111,11 +111,12 @@ def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
     # stretched when its later turns meet an emptier stage (time-indexed stages)
     assert pd(replace(fitted, tail_paths=(slow_env,))) > pd(one)
     # a path that lags far behind the batch front runs its later turns in the last stage's state
-    # (the fewest survivors: no prefill queue, small decode batches), not in the stage their turn
-    # number says: those turns cost less than they do on time
+    # (the fewest survivors: the smallest decode batches), not in the stage their turn number
+    # says: its decode-heavy later turns cost less than they do on time
     lag = 10_000.0
-    lagging = ((5000.0, 0.0, 300.0, 1.0 + lag), *short[1:])
-    assert pd(replace(fitted, tail_paths=(lagging,))) < pd(one) + lag
+    heavy = ((5000.0, 0.0, 300.0, 1.0), *((5000.0, 0.0, 3000.0, 1.0),) * 5)
+    lagging = ((5000.0, 0.0, 300.0, 1.0 + lag), *heavy[1:])
+    assert pd(replace(fitted, tail_paths=(lagging,))) < pd(replace(fitted, tail_paths=(heavy,))) + lag
     # with paths, the split ignores the colocated tail factor; colocation still scales with it
     assert pd(replace(one, tail_factor=1.5)) == pytest.approx(pd(one))
     n = np.array([8.0])

@@ -46,7 +46,11 @@ def _config(model: Path) -> RunConfig:
     d["workload"].update(batch_size=4, group_size=2, max_trajectory_tokens=512, system_prompt_tokens=48,
                          turns={"mean": 1, "cv": 0, "min": 1, "max": 1},
                          observation_tokens={"mean": 16, "cv": 0, "min": 16, "max": 16},
-                         response_tokens={"mean": 24, "cv": 0, "min": 24, "max": 24},
+                         # long enough that a request seen streaming is still being generated when
+                         # the server is killed (with 24 tokens the server could finish the whole
+                         # response while the client, on a busy machine, had read only 2 of them:
+                         # the stream then ended normally and no partial output was cut)
+                         response_tokens={"mean": 96, "cv": 0, "min": 96, "max": 96},
                          env_step_s={"mean": 0.2, "cv": 0, "min": 0.2, "max": 0.2}, test_run_prob=0.0)
     d["policy"].update(allocation_overrides={2: "1P1D"}, max_staleness=1_000_000, borrow_enabled=False)
     return RunConfig.model_validate(d)

@@ -106,8 +106,12 @@ def test_table2_combines_paired_seeds_and_names_ties() -> None:
     r2 = combine_table2_seeds([{**s, "chosen": "4P4D"} for s in seeds])
     assert r2["chosen"] == "4P4D" and r2["chosen_agree"] == 3 and r2["best"] == "3P5D"
     assert 0.005 < r2["gap"] < 0.01 and r2["gap"] < 2 * r2["gap_se"]
+    # what the seeds' own choices cost: seed 0 chose 4P4D (410 vs 3P5D's 412: -0.49 %), 1 and 2 the best
+    assert r["cost"] == pytest.approx((410.0 / 412.0 - 1.0) / 3)
+    assert r2["cost"] == pytest.approx(r2["gap"])  # every seed chose the modal 4P4D
     md = table2_markdown({"8": r, "24": {**r2, "n_workers": 24}})
-    assert "| 8 + no overlap | 3P5D (2/3) | 3P5D | 0.00% ± 0.00 | yes |" in md
+    assert "| 8 + no overlap | 3P5D (2/3) | 3P5D | 0.00% ± 0.00 | yes | -0.16% ± 0.16 |" in md
+    assert f"choices cost {100 * (r['cost'] + r2['cost']) / 2:+.2f} % on average" in md
     assert "| tie |" in md and "Full decision matches: 1/2 (2/2 within 1 %, 1 statistical ties" in md
     # a result saved before multi-seed Table 2 (one seed, no "seeds" key) still renders
     assert "| 8 + no overlap | 4P4D (1/1) | 4P4D |" in table2_markdown({"8": seeds[0]})
