@@ -164,9 +164,10 @@ Feasibility of a disaggregated split (paper Sec. 4.2):
   drain, and what it costs is already in the makespan, whose cycle is bounded below by ``C_P``
   at every stage. A pool that cannot keep up over the batch stays out (1P7D on 8 workers). Slow
   splits that do keep up with their decode side pass and are left to the makespan, which ranks
-  them last: 2P6D on 8 workers (586 s measured vs 426 s colocated); 1P3D on 4, whose 3 decode
-  workers are as saturated (predicted 1,128 s, measured 1,375 s, colocation 670 s;
-  ``force_disaggregation`` runs it, the unforced engine does not). Not chosen (session 5, with the
+  them last: 2P6D on 8 workers (586 s measured vs 426 s colocated). (1P3D on 4 workers passed
+  with the first prefill model and ran under ``force_disaggregation``, 1,375 s measured against
+  670 s colocated. With the closed queue (session 8) its one prefill worker's stages run at u = 1,
+  ``u_batch`` exceeds ``u_max`` and it stays out, like 1P7D.) Not chosen (session 5, with the
   ``C_P = B_s P_s / (N_P u_max)`` of the first prefill model): the check against the predicted
   makespan, ``sum_s T_s B_s P_s / N_P <= u_max M_PD``, was vacuous, because that bound stretched
   ``M_PD`` until the ratio sat just under ``u_max`` for every split (0.946 at 1P7D, B = 1024).
@@ -376,7 +377,9 @@ def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
         Q(k) = X(k) R(k),  U(k) = X(k) p,                             W = R(m) - p
 
     for k = 1 .. m (R(1) = p, nothing queued); exact for exponential service (c_s^2 = 1, the
-    machine-repairman model). W / p depends on m and z / p only, so the recursion runs once per
+    machine-repairman model). With c_s^2 < 1 the correction is an approximation that lets the
+    throughput X(m) exceed 1 / p slightly near saturation (R + z up to one service short of
+    m p); ``C_P`` bounds the cycle there. W / p depends on m and z / p only, so the recursion runs once per
     (max m, c_s^2) on a log grid of z / p (``_closed_wait_table``, cached) and each call
     interpolates: linearly in m between floor(m) and floor(m) + 1 (``m < 1`` waits 0) and
     linearly in log(z / p). Why a table (session 8, ``make bench``): the recursion inside the
@@ -386,7 +389,7 @@ def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
     (B = 64: 2.3 MB). The arrays broadcast together."""
     m, p, z = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64),
                                   np.asarray(z, dtype=np.float64))
-    return _ClosedWait(m, p, cs2)(np.maximum(z, 1e-300))
+    return _ClosedWait(m, p, cs2)(z)
 
 
 class _ClosedWait:
@@ -410,8 +413,8 @@ class _ClosedWait:
         self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0]
 
     def __call__(self, z: F64) -> F64:
-        """W for think times ``z`` (> 0)."""
-        pos = (np.log(z) - self.logp) * (1.0 / (_LOG_RATIO[1] - _LOG_RATIO[0]))
+        """W for think times ``z`` (a zero think time reads as the grid's smallest ratio)."""
+        pos = (np.log(np.maximum(z, 1e-300)) - self.logp) * (1.0 / (_LOG_RATIO[1] - _LOG_RATIO[0]))
         pos = np.minimum(np.maximum(pos, 0.0), self.width - 1e-6)
         j = pos.astype(np.intp)  # floor: pos >= 0
         fj = pos - j
