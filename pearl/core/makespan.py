@@ -135,11 +135,13 @@ token span minus its prefill GPU work alone): mean |error| per turn 0.6 s for th
 pooled M/M/c queue, Sakasegawa's approximation, which put the 8-prefill-worker splits at 26-28
 workers 3.8-3.9 % too fast and the 11-prefill ones 1.8-2.0 %), 1.2 s for one open M/D/1 queue per
 worker, 0.23 s for the closed queue (c_s^2 = 0: -0.22 s bias; c_s^2 = 1: +0.41 s; the mixture's
-0.12-0.14 lies between; c_s^2 = 0.25 would fit best, 0.14 s, but it is a fit to these points, not a
-measured property of the workload, so the mixture's is used). Over every split of 6 budgets x 6 paired seeds (648 runs), the median
-|error| of the predicted makespan went from 1.95 % to 1.37 %, and the mean errors of the 6-12
-prefill-worker splits at 24-28 workers from -1.3 .. -3.9 % to -0.4 .. -1.8 %. With the closed queue the pool's saturation is in W
-(X(m_P) <= 1 / P), so ``C_P`` is the pool's full capacity; the first model needed the planning
+0.12-0.14 lies between; c_s^2 = 0.25 would fit best, 0.14 s, but it is a fit to these points, not
+a measured property of the workload, so the mixture's is used). Over every split of 6 budgets x 6
+paired seeds (648 runs), the median |error| of the predicted makespan went from 1.95 % to 1.37 %,
+and the mean errors of the 6-12-prefill-worker splits at 24-28 workers from -1.3 .. -3.9 % to
+-0.4 .. -1.8 %. With the closed queue the pool's saturation is in W (X(m_P) <= 1 / P, up to the
+approximation noted in ``closed_queue_wait``), so ``C_P`` is the pool's full capacity; the first
+model needed the planning
 headroom ``u_max`` in ``C_P`` too (its open-queue W diverges at u = 1), which put 3P5D on 8 workers
 (mid-batch u ~ 0.95) 3 % too slow. ``u_max`` stays in the feasibility check below. What is left:
 colocation is predicted 1-2 % fast and the saturated splits (2 prefill workers, u_batch near 1)
@@ -379,14 +381,15 @@ def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
     for k = 1 .. m (R(1) = p, nothing queued); exact for exponential service (c_s^2 = 1, the
     machine-repairman model). With c_s^2 < 1 the correction is an approximation that lets the
     throughput X(m) exceed 1 / p slightly near saturation (R + z up to one service short of
-    m p); ``C_P`` bounds the cycle there. W / p depends on m and z / p only, so the recursion runs once per
-    (max m, c_s^2) on a log grid of z / p (``_closed_wait_table``, cached) and each call
+    m p); ``C_P`` bounds the cycle there. W / p depends on m and z / p only, so the recursion runs
+    once per (max m, c_s^2) on a log grid of z / p (``_closed_wait_table``, cached) and each call
     interpolates: linearly in m between floor(m) and floor(m) + 1 (``m < 1`` waits 0) and
     linearly in log(z / p). Why a table (session 8, ``make bench``): the recursion inside the
     fixed point cost ceil(max m) + 1 vectorised steps per round, 5x the decision's latency
     (B = 64: 65 steps x 12 rounds); the table's interpolation error is under 0.1 % of W
-    (``tests/core/test_makespan_queue.py``); its memory is 32 (k_max + 1) G bytes, G = 1121
-    (B = 64: 2.3 MB). The arrays broadcast together."""
+    (``tests/core/test_makespan_queue.py``); its memory is 32 k_max (G - 1) bytes, G = 1121, k_max
+    the power of two above max m (B = 64: k_max = 128, 4.6 MB; at most 4 cached). The arrays
+    broadcast together."""
     m, p, z = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64),
                                   np.asarray(z, dtype=np.float64))
     return _ClosedWait(m, p, cs2)(z)
