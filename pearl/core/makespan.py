@@ -390,9 +390,7 @@ def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
     (``tests/core/test_makespan_queue.py``); its memory is 32 k_max (G - 1) bytes, G = 1121, k_max
     the power of two above max m (B = 64: k_max = 128, 4.6 MB; at most 4 cached). The arrays
     broadcast together."""
-    m, p, z = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64),
-                                  np.asarray(z, dtype=np.float64))
-    return _ClosedWait(m, p, cs2)(z)
+    return _ClosedWait(m, p, cs2)(np.asarray(z, dtype=np.float64))
 
 
 class _ClosedWait:
@@ -479,8 +477,7 @@ def disaggregated_makespan(
     n = m.copy()
     c_cyc = p + xfer + st.o * _tau(hw, n, ctx) + st.e
     # the prefill pool's wait: trajectories per prefill worker B_k / N_P, service P
-    m_p, p_b, _ = np.broadcast_arrays(bk / npf, p, c_cyc)
-    prefill_wait = _ClosedWait(m_p, p_b, prefill_service_scv(hw, wl))
+    prefill_wait = _ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
     c_p = bk * p / npf  # B_k P / N_P: the pool at full capacity
     fixed = p + xfer + st.e
     rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode

@@ -336,7 +336,8 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
     average). Why both (session 8): the modal choice can miss the best by a tie while the seeds'
     choices cost ~0 (at 26 workers the engine picked 8P18D on 14 of 24 seeds, 9P17D is best on
     average, and the choices cost -0.26 %), and a modal match can hide costly seeds (8 workers,
-    before session 8: 3P5D on 11 of 24 seeds, the other 13 cost 1.07 % on average). Why K seeds (session 5, measured): one batch's makespan varies by
+    before session 8: 3P5D on 11 of 24 seeds, the other 13 cost 1.07 % on average). Why K seeds
+    (session 5, measured): one batch's makespan varies by
     ~3-8 % from seed to seed and the top P:D splits at 24-28 workers are within 0.1-0.5 % of each
     other, so with one seed the "best" there was the seed's draw."""
     seeds = list(per_seed)
