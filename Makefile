@@ -44,8 +44,9 @@ lint: setup
 	$(BIN)/ruff check pearl envs tests benchmarks
 	$(BIN)/mypy pearl/core
 
+## typecheck: mypy over pearl and envs (envs/repofix/projects: fixture projects with planted bugs, excluded)
 typecheck: setup
-	$(BIN)/mypy pearl/core
+	$(BIN)/mypy pearl envs --exclude '^envs/repofix/projects/'
 
 ## run: PEARL end to end on this CPU (real vLLM engines, trainer, repofix env, availability trace)
 run: setup

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from envs.base import Env
 from envs.repofix import RepoFixConfig, RepoFixEnv, generate_tasks
@@ -87,5 +87,6 @@ def load_tokenizer(path: str | Path) -> ChatTokenizer:
     """The Hugging Face tokenizer (with chat template) of a local model folder."""
     from transformers import AutoTokenizer
 
-    tok: ChatTokenizer = AutoTokenizer.from_pretrained(str(path))
-    return tok
+    # A chat tokenizer satisfies ChatTokenizer, but transformers types it more loosely than the session
+    # uses it (decode() -> str | list[str], apply_chat_template() on its own conversation types).
+    return cast(ChatTokenizer, AutoTokenizer.from_pretrained(str(path)))

@@ -136,14 +136,15 @@ def build_smollm2(out: Path) -> Path:
     # the dequantised copy is plain bf16: drop the GGUF marker, or loaders would treat it as GGUF
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    dst = LlamaForCausalLM(config)
+    dst = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers: unannotated __init__
     state = {k: v for k, v in src.state_dict().items() if k != "lm_head.weight"}
     missing, unexpected = dst.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise ModelBuildError(f"GGUF -> Llama copy mismatch: missing={missing} unexpected={unexpected}")
     with torch.no_grad():
         dst.lm_head.weight = torch.nn.Parameter(src.model.embed_tokens.weight.detach().clone())
-    dst = dst.to(torch.bfloat16)
+    # transformers wraps .to in @wraps(nn.Module.to), whose typed signature drops the bound self
+    dst = dst.to(torch.bfloat16)  # type: ignore[arg-type]
     dst.config.dtype = torch.bfloat16
     dst.save_pretrained(str(tmp), safe_serialization=True)
     _load_tokenizer(gguf).save_pretrained(str(tmp))
@@ -168,7 +169,8 @@ def tiny_qwen3_config(vocab_size: int, bos: int | None, eos: int | None) -> Any:
         initializer_range=0.1,
         bos_token_id=bos,
         eos_token_id=eos,
-        rope_theta=10000.0,
+        # transformers 5 takes the legacy rope_theta through **kwargs (into rope_parameters), 4.x declares it
+        rope_theta=10000.0,  # type: ignore[call-arg]
     )
 
 
@@ -183,10 +185,11 @@ def build_tiny_qwen3(out: Path) -> Path:
     tok = _load_tokenizer(gguf)
     config = tiny_qwen3_config(len(tok), tok.bos_token_id, tok.eos_token_id)
     torch.manual_seed(TINY_SEED)
-    model = Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers: unannotated __init__
     with torch.no_grad():
         model.lm_head.weight.mul_(LM_HEAD_SCALE)
-    model = model.to(torch.bfloat16)
+    # transformers wraps .to in @wraps(nn.Module.to), whose typed signature drops the bound self
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]
     model.config.dtype = torch.bfloat16
     model.save_pretrained(str(tmp), safe_serialization=True)
     tok.save_pretrained(str(tmp))

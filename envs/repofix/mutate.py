@@ -39,6 +39,9 @@ _BINOP_SWAP: dict[type[ast.operator], type[ast.operator]] = {
 _BOOL_SWAP: dict[type[ast.boolop], type[ast.boolop]] = {ast.And: ast.Or, ast.Or: ast.And}
 _CALL_SWAP = {"min": "max", "max": "min"}
 
+#: The nodes that carry a source span (``lineno`` .. ``end_col_offset``) and that mutations rewrite.
+_Located = ast.expr | ast.stmt
+
 
 class MutationError(ValueError):
     """A mutation does not apply to the given source (stale site or non-compiling result)."""
@@ -77,17 +80,19 @@ class _Source:
         for line in self.data.splitlines(keepends=True):
             self.starts.append(self.starts[-1] + len(line))
 
-    def start(self, node: ast.AST) -> int:
-        return self.starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
+    def start(self, node: _Located) -> int:
+        return self.starts[node.lineno - 1] + node.col_offset
 
-    def end(self, node: ast.AST) -> int:
-        return self.starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
+    def end(self, node: _Located) -> int:
+        if node.end_lineno is None or node.end_col_offset is None:  # only on nodes not made by ast.parse
+            raise MutationError(f"{type(node).__name__} node at line {node.lineno} has no end position")
+        return self.starts[node.end_lineno - 1] + node.end_col_offset
 
     def text(self, a: int, b: int) -> str:
         return self.data[a:b].decode()
 
 
-def _swap_in_gap(src: _Source, node: ast.AST, left: ast.AST, right: ast.AST, old: str, new: str) -> str | None:
+def _swap_in_gap(src: _Source, node: _Located, left: ast.expr, right: ast.expr, old: str, new: str) -> str | None:
     """The node's source with operator ``old`` (between ``left`` and ``right``) replaced by ``new``.
 
     Keeps the original formatting; None when the gap holds more than the operator, parentheses and
@@ -132,6 +137,8 @@ def _variants(node: ast.AST, parents: dict[ast.AST, ast.AST], src: _Source) -> l
         swap_op = _BINOP_SWAP.get(type(node.op))
         if swap_op is not None:
             old_s, new_s = _SYMBOL[type(node.op)], _SYMBOL[swap_op]
+            left: ast.expr
+            right: ast.expr
             if isinstance(node, ast.AugAssign):
                 old_s, new_s, left, right = old_s + "=", new_s + "=", node.target, node.value
             else:
@@ -178,14 +185,16 @@ def find_sites(rel: str, source: str) -> list[Mutation]:
     src = _Source(source)
     sites: list[Mutation] = []
     for node in ast.walk(tree):
-        if not hasattr(node, "lineno") or getattr(node, "end_lineno", None) is None:
+        # only expressions and statements can be mutated (nodes like ``arg`` / ``keyword`` have spans
+        # too, but no operator applies to them)
+        if not isinstance(node, ast.expr | ast.stmt) or node.end_lineno is None or node.end_col_offset is None:
             continue
         original = src.text(src.start(node), src.end(node))
         for kind, replacement in _variants(node, parents, src):
             if replacement == original:
                 continue
-            sites.append(Mutation(rel, node.lineno, node.col_offset, node.end_lineno,  # type: ignore[attr-defined]
-                                  node.end_col_offset, kind, original, replacement))  # type: ignore[attr-defined]
+            sites.append(Mutation(rel, node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, kind,
+                                  original, replacement))
     sites.sort(key=lambda m: (m.line, m.col, m.end_line, m.end_col, m.kind, m.replacement))
     return sites
 

@@ -106,7 +106,7 @@ def _read_rows(path: Path) -> list[Any]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type information
         except ImportError:
             raise EnvUnavailableError(f"{path}: reading parquet needs pyarrow: pip install pyarrow "
                                       "(or convert the file to json/jsonl)") from None

@@ -83,7 +83,9 @@ class WorkerCosts:
         """touched(n) = E (1 - (1 - k/E)^n): expected distinct experts per layer (0 if dense)."""
         if not self.n_experts:
             return 0.0
-        return self.n_experts * (1.0 - (1.0 - self.experts_per_token / self.n_experts) ** max(tokens, 0.0))
+        # base in [0, 1) (the config checks 1 <= k <= E), so a real float; typeshed types float ** float as Any
+        untouched: float = (1.0 - self.experts_per_token / self.n_experts) ** max(tokens, 0.0)
+        return self.n_experts * (1.0 - untouched)
 
     def weight_read_bytes(self, tokens: float) -> float:
         if not self.n_experts:

@@ -60,7 +60,9 @@ class GlooBroadcaster:
     def connect(self) -> None:
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(self.host, self.port, self.world_size, is_master=True, timeout=self.timeout)
+        # torch.distributed re-exports TCPStore from torch._C without marking it public (stub gap)
+        self._store = dist.TCPStore(  # type: ignore[attr-defined]
+            self.host, self.port, self.world_size, is_master=True, timeout=self.timeout)
         self._group = dist.ProcessGroupGloo(self._store, 0, self.world_size, self.timeout)
 
     def send(self, flats: list[Any]) -> None:

@@ -44,7 +44,8 @@ def pace_nixl_progress_thread(delay_us: int) -> bool:
     if delay_us <= 0:
         return False
     try:
-        import nixl._api as api  # the platform package (nixl_cu12 ...) behind the ``nixl`` alias
+        # the platform package (nixl_cu12 ...) behind the ``nixl`` alias; it ships no type information
+        import nixl._api as api  # type: ignore[import-untyped]
     except ImportError:
         return False
     bindings = getattr(api, "nixlBind", None)
@@ -76,7 +77,9 @@ class PearlWorkerExtension:
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=float(timeout_s))
-        self._pearl_store = dist.TCPStore(str(host), int(port), int(world_size), is_master=False, timeout=timeout)
+        # torch.distributed re-exports TCPStore from torch._C without marking it public (stub gap)
+        self._pearl_store = dist.TCPStore(  # type: ignore[attr-defined]
+            str(host), int(port), int(world_size), is_master=False, timeout=timeout)
         self._pearl_group = dist.ProcessGroupGloo(self._pearl_store, int(rank), int(world_size), timeout)
         return f"joined rank {rank}/{world_size}"
 

@@ -40,7 +40,7 @@ def run_atheris(target: str, runs: int, timeout_s: float = 300.0) -> tuple[int, 
 
 
 def main(argv: list[str]) -> None:  # pragma: no cover - runs as its own process under libFuzzer
-    import atheris
+    import atheris  # type: ignore[import-untyped]  # atheris ships no type information
 
     with atheris.instrument_imports(include=["pearl"]):
         import yaml

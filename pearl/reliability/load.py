@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +135,8 @@ async def _run(cfg: RunConfig, engine_kind: str) -> dict[str, Any]:
     engine: Any = EmulatedEngine.from_config(cfg, clock) if engine_kind == "emulated" else InstantEngine()
     counted = 0
     if engine_kind == "emulated":
-        inner_gen, inner_pd = engine.generate, engine.generate_pd
+        inner_gen: Callable[[str, GenerateRequest], Awaitable[GenerateResult]] = engine.generate
+        inner_pd: Callable[[str, str, GenerateRequest], Awaitable[GenerateResult]] = engine.generate_pd
 
         async def gen(w: str, req: GenerateRequest) -> GenerateResult:
             nonlocal counted

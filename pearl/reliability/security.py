@@ -150,9 +150,10 @@ async def _probe(fuzz_per_route: int, seed: int) -> SecurityReport:
             # --- fuzzed bodies on every event and cloud route
             for path, base in _EVENT_BODIES.items():
                 for _ in range(fuzz_per_route):
-                    ops = [(rng.randrange(10_000), rng.choice(["set", "del", "add"]),
-                            rng.choice([None, -1, 0, 1e308, float("inf"), "", "x" * 300, [], {}, "spot-0", True]))
-                           for _ in range(rng.randint(1, 3))]
+                    ops: list[tuple[int, str, Any]] = [
+                        (rng.randrange(10_000), rng.choice(["set", "del", "add"]),
+                         rng.choice([None, -1, 0, 1e308, float("inf"), "", "x" * 300, [], {}, "spot-0", True]))
+                        for _ in range(rng.randint(1, 3))]
                     body = mutate(base, ops)
                     await asyncio.sleep(1.0 / cfg.admin.max_events_per_s)  # stay under the rate limit
                     async with http.post(path, data=json.dumps(body), headers={**auth, "Content-Type": "application/json"}) as resp:

@@ -163,9 +163,13 @@ class _VirtualSelector:
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio loop whose ``time()`` is virtual and jumps to the next timer when idle."""
 
+    # SelectorEventLoop's private selector, which typeshed does not declare; __init__ wraps it.
+    _selector: selectors.BaseSelector
+
     def __init__(self, start: float = 0.0, idle_timeout_s: float = 30.0) -> None:
         super().__init__()
         self._virtual_now = float(start)
+        # duck-typed stand-in (select() wrapped, the rest delegated by __getattr__), not a BaseSelector subclass
         self._selector = _VirtualSelector(self._selector, self, idle_timeout_s)  # type: ignore[assignment]
         # Timers due within the clock resolution run in the same iteration; keep it tiny so that
         # float deadlines computed by the emulator are honoured exactly.

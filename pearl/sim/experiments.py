@@ -164,7 +164,7 @@ def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> 
         model, label = key.split("/")
         base = tph(r, "roll")
         row: list[Any] = [model, label, f"{r['segment']['mean_gpus']:.1f}"]
-        row += [f"{tph(r, n) / base:.2f}x" if base and tph(r, n) is not None else "-" for n in names]
+        row += [f"{v / base:.2f}x" if base and (v := tph(r, n)) is not None else "-" for n in names]
         pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
         row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
         row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
@@ -208,7 +208,8 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     systems = tuple(systems) if systems else (("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS)
     dur_h = 0.34 if quick else hours
-    todo = []
+    todo: list[tuple[str, str, SegmentPick, str, tuple[str, str, dict[str, Any], str | None, float, float,
+                                                       tuple[str, ...], bool]]] = []
     for model, cfg_name in models:
         cfg = _cfg(cfg_name, workload)
         picks = fig5_segments(tr, cfg, hours, segments)
@@ -358,8 +359,8 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
     costs = [r["measured"][r["chosen"]] / r["measured"][best] - 1.0 for r in seeds if r["chosen"] in r["measured"]]
     cost = statistics.fmean(costs) if costs else math.nan
     cost_se = statistics.stdev(costs) / math.sqrt(len(costs)) if len(costs) > 1 else 0.0
-    sgap, sgap_se = (_paired_gap(seeds, eng_modal, best_split) if eng_modal in mean and best_split
-                     else (math.nan, math.nan))
+    sgap, sgap_se = (_paired_gap(seeds, eng_modal, best_split)
+                     if eng_modal is not None and eng_modal in mean and best_split else (math.nan, math.nan))
     errs = sorted(abs(r["predicted"][k] - v) / v for r in seeds for k, v in r["measured"].items()
                   if k in r["predicted"] and v > 0)
     return {

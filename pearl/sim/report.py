@@ -110,7 +110,8 @@ def plot_timeline(name: str, series: Mapping[str, Any], end_s: float, path: Path
     ax.set_yticklabels(gpus, fontsize=6)
     ax.set_xlim(0, end_s / 3600)
     ax.set_xlabel("time (h)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ROLE_COLORS.values()]
+    # pyplot re-exports matplotlib.patches.Rectangle without declaring it public (stub gap)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ROLE_COLORS.values()]  # type: ignore[attr-defined]
     ax.legend(handles, list(ROLE_COLORS), loc="upper right", fontsize=7, ncol=5)
     ax.set_title(f"GPU roles over time: {name}")
     fig.tight_layout()

@@ -21,8 +21,9 @@ reward of the samples we actually train on, from policies within the staleness b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -139,8 +140,9 @@ class Sample:
 
     @staticmethod
     def from_wire(x: Sequence[object]) -> Sample:
-        ids, mask, lps, adv = x
-        return Sample(tuple(ids), tuple(mask), tuple(float(v) for v in lps), float(adv))  # type: ignore[arg-type]
+        # ``x`` is ``to_wire()`` as decoded from JSON (untyped): [token_ids, loss_mask, logprobs, advantage]
+        ids, mask, lps, adv = cast(tuple[Iterable[int], Iterable[int], Iterable[float], float], x)
+        return Sample(tuple(ids), tuple(mask), tuple(float(v) for v in lps), float(adv))
 
 
 def make_samples(records: Sequence[TrajectoryRecord], scale: AdvantageScale = "std") -> list[Sample]:

@@ -67,12 +67,14 @@ def open_group(
                              f"world_size={world_size}")
     timeout = timedelta(seconds=timeout_s)
     try:
-        store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
+        # torch.distributed re-exports TCPStore from torch._C without marking it public (stub gap)
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            host, port, world_size, is_master=(rank == 0), timeout=timeout)
         if backend == "gloo":
             pg: Any = dist.ProcessGroupGloo(store, rank, world_size, timeout)
             device = torch.device("cpu")
         elif backend == "nccl":
-            pg = dist.ProcessGroupNCCL(store, rank, world_size)  # type: ignore[attr-defined]
+            pg = dist.ProcessGroupNCCL(store, rank, world_size)  # type: ignore[call-arg]  # stub omits options' default
             device = torch.device("cuda", torch.cuda.current_device())
         else:
             raise BroadcastError(f"unknown backend {backend!r}; use 'gloo' (CPU) or 'nccl' (GPUs)")

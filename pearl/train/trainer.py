@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import torch
 import torch.distributed as dist
@@ -145,14 +145,16 @@ class TrainerRank:
             raise TrainerStepError(
                 f"{self.cfg.model_path} ties embed_tokens and lm_head: engines reloading weights would keep a "
                 "stale lm_head; build the untied folder with `python -m pearl.models build`")
-        model.to(self.device)
+        # transformers wraps .to in @wraps(nn.Module.to), whose typed signature drops the bound self
+        model.to(self.device)  # type: ignore[arg-type]
         model.train()
         fsdp = self.spec.fsdp == "always" or (self.spec.fsdp == "gpu" and self.device.type == "cuda")
         if fsdp and self.world_size > 1:
             self._fully_shard(model)
         self.model = model
         if self.spec.kl_coef > 0:
-            ref = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=dtype).to(self.device)
+            ref = AutoModelForCausalLM.from_pretrained(self.cfg.model_path, dtype=dtype)
+            ref = ref.to(self.device)  # type: ignore[arg-type]  # @wraps(nn.Module.to), as above
             ref.eval()
             ref.requires_grad_(False)
             self.ref = ref
@@ -233,7 +235,8 @@ class TrainerRank:
             terms = token_terms(lp, pb.old_logprobs.to(self.device), pb.advantages.to(self.device),
                                 spec.clip_eps_low, spec.clip_eps_high, ref_lp, spec.kl_coef)
             loss = aggregate(terms.loss, mask, spec.loss_agg, denominator)
-            (loss * self.world_size if self.sharded else loss).backward()
+            # torch's Tensor.backward is unannotated
+            (loss * self.world_size if self.sharded else loss).backward()  # type: ignore[no-untyped-call]
             with torch.no_grad():
                 m = mask.bool()
                 acc += torch.tensor([
@@ -336,7 +339,7 @@ class TrainerRank:
         optimizer tensor's own original device on reload: fused AdamW keeps ``step`` on the GPU,
         the foreach variant on the host); returns bytes moved."""
         assert self.model is not None and self.optimizer is not None
-        moved = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        moved: int = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.model.to(target)
         if self.ref is not None:
             moved += sum(p.numel() * p.element_size() for p in self.ref.parameters())
@@ -366,7 +369,10 @@ class TrainerRank:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
             opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_state_dict(self.model, self.optimizer, options=opts)
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
+            # full_state_dict gathers every DTensor shard into a plain tensor; torch types the values as
+            # the union of all it can hold (DTensor, ShardedTensor, scalars)
+            return cast(dict[str, torch.Tensor], model_sd), optim_sd
         return self.model.state_dict(), self.optimizer.state_dict()
 
     def _publish(self, step: int) -> dict[str, Any]:
