@@ -42,7 +42,7 @@ test-gpu:
 
 lint: setup
 	$(BIN)/ruff check pearl envs tests benchmarks
-	$(BIN)/mypy pearl/core
+	$(BIN)/mypy pearl envs --exclude '^envs/repofix/projects/'
 
 ## typecheck: mypy over pearl and envs (envs/repofix/projects: fixture projects with planted bugs, excluded)
 typecheck: setup
