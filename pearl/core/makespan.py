@@ -15,7 +15,10 @@ seen whole trajectories. Once the workload profile carries the observed ratio of
 the mean trajectory duration in a batch (``tail_factor``, fitted by ``fit_workload`` from whole
 trajectories in the window), the makespan is the mean trajectory duration scaled by it::
 
-    M = rho T_mean,   T_mean = sum_k S(k) C_k( B_k ),   rho = E[max_i T_i] / E[T_i]  (measured)
+    M = rho(B / N) T_mean,   T_mean = sum_k S(k) C_k( B_k ),   rho = E[max_i T_i] / E[T_i]  (measured)
+
+(``rho`` at the pool's load ``B / N`` trajectories per worker, ``WorkloadProfile.tail_factor_at``:
+session 9 measured it falling from 1.24-1.27 at 2 per worker to 1.12-1.13 at 16.)
 
 Why (formula change, session 2): the first version weighted every turn with ``S(k) > 1e-4`` by 1,
 i.e. the batch was assumed to contain a trajectory that runs the profile's *maximal* number of
@@ -448,7 +451,10 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
         n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
         if _converged(prev, c_cyc):
             break
-    weights, factor = st.path(wl, batch)
+    weights, rho0 = st.path(wl, batch)
+    rho = wl.tail_factor_at(batch / nw[:, 0]) if st.surv else None
+    # the measured form (``Stages.path``) takes rho at each candidate pool's load
+    factor: F64 | float = np.maximum(rho, 1.0) if rho is not None else rho0
     start = np.maximum(m0[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
     total: F64 = factor * ((weights * c_cyc * waves).sum(axis=1) + start)
     return total

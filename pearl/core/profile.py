@@ -33,7 +33,8 @@ makespan a *last-trajectory* time), ``new_tokens[k]`` (prompt tokens not in the 
 telemetry has seen whole trajectories, ``tail_factor`` (slowest / mean trajectory duration in a
 batch: how far the batch's last trajectory lies above the mean one, ``makespan.py``) and
 ``tail_paths`` (the turns ``(x, c, o, e)`` of the window's 4 slowest whole trajectories, which
-``makespan.py`` runs through a P:D split's per-stage state). Modelling choice:
+``makespan.py`` runs through a P:D split's per-stage state) and ``tail_by_load`` (the tail factor
+per colocated load, below). Modelling choice:
 K_seq is the *mean* final context of a trajectory, not a high quantile — the decode pool holds the
 whole batch's contexts at once, so the sum over the batch (B * mean) is what must fit; a quantile
 would count every trajectory as the longest one.
@@ -81,6 +82,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from statistics import fmean, median
 from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 
 class _ModelLike(Protocol):
@@ -395,6 +399,9 @@ class WorkloadProfile:
     #: fraction of colocated turns (k >= 2) served away from the worker that holds their prefix
     #: cache (cost-aware moves, interruptions): ``colocated_view``
     moved_share: float = 0.0
+    #: the tail factor per colocated load (session 9): ``(bucket, log2 m0, rho)`` per load bucket
+    #: seen, ``m0`` = trajectories per worker, both EMA-blended; ``tail_factor_at``
+    tail_by_load: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.survival)
@@ -405,6 +412,40 @@ class WorkloadProfile:
     @property
     def max_turns(self) -> int:
         return len(self.survival)
+
+    def tail_factor_at(self, m0: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
+        """The tail factor ``rho`` of a colocated batch with ``m0 = B / N`` trajectories per worker
+        (array in, array out; None while no tail factor has been measured).
+
+        Measured (session 9, emulator, ``paper`` workload, B = 64, fixed colocated pools, mean of
+        8 batches each): rho falls as the per-worker load grows,
+
+            m0 = B / N           16     8      4      2.7    2
+            Qwen3-30B-A3B        1.123  1.145  1.199  1.248  1.268   (sd 0.02 -> 0.09)
+            Qwen3-8B             1.134  1.157  1.189  1.210  1.238   (sd 0.02 -> 0.07)
+
+        Why: a trajectory's turns on a loaded worker are mostly the *other* trajectories' work
+        (their decode tokens in every iteration, their prefill chunks), which is shared and
+        averages out, so durations spread less and the slowest lies closer to the mean; on a
+        lightly loaded worker a trajectory's own turn count, response lengths and test runs set
+        its duration. One ``tail_factor`` for every pool size put an elastic run's predictions
+        out by the difference: on Qwen3-30B-A3B (segment like-12) the batches on 4 workers
+        pulled the EMA to ~1.15 while the 16-worker batches ran at 1.16-1.33, and the batch-start
+        prediction was low by 9 % (median).
+
+        Estimator: piecewise linear in ``log2 m0`` through the loads observed (``tail_by_load``,
+        ``fit_workload``), flat beyond the outermost ones. Modelling choice: no slope is assumed
+        where nothing was observed, so with one load seen (a fixed pool) every pool size gets that
+        load's rho, as before session 9; the table above is not built in."""
+        if not self.tail_by_load:
+            if self.tail_factor is None:
+                return None
+            return np.full(np.shape(m0), self.tail_factor, dtype=np.float64)
+        xs = np.asarray([t[1] for t in self.tail_by_load], dtype=np.float64)
+        ys = np.asarray([t[2] for t in self.tail_by_load], dtype=np.float64)
+        order = np.argsort(xs)
+        q = np.log2(np.maximum(np.asarray(m0, dtype=np.float64), 1e-9))
+        return np.asarray(np.interp(q, xs[order], ys[order]), dtype=np.float64)
 
     def colocated_view(self) -> WorkloadProfile:
         """The per-turn tokens a colocated pool under the router's affinity actually prefills:
@@ -579,14 +620,59 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     moved_share = prior.moved_share
     if later:
         moved_share += alpha * (sum(r.moved for r in later) / len(later) - moved_share)
-    tf = _tail_factor(recs)
+    tf_obs = _tail_factor(recs)
+    tf = tf_obs
     if tf is not None and prior.tail_factor is not None:
         tf = prior.tail_factor + alpha * (tf - prior.tail_factor)
+    by_load = prior.tail_by_load
+    m0 = _colocated_load(recs)
+    if tf_obs is not None and m0 is not None:
+        by_load = _blend_tail_by_load(by_load, math.log2(m0), tf_obs, alpha)
     return WorkloadProfile(
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf if tf is not None else prior.tail_factor,
         tail_paths=_tail_paths(recs, _kept_share(by_turn)) or prior.tail_paths, moved_share=moved_share,
+        tail_by_load=by_load,
     )
+
+
+#: width of a ``tail_by_load`` bucket in log2 of the per-worker load (0.5: a factor of 1.41)
+TAIL_LOAD_BUCKET = 0.5
+#: a window's colocated share of records below which it does not update ``tail_by_load``
+TAIL_LOAD_MIN_COLOCATED = 0.8
+
+
+def _colocated_load(recs: Sequence[TelemetryRecord]) -> float | None:
+    """Trajectories per worker ``m0 = A / N_eff`` of a colocated window: ``A`` its whole
+    trajectories, ``N_eff = (sum_w n_w)^2 / sum_w n_w^2`` the participation ratio of the workers'
+    turn counts ``n_w`` (= N for a balanced pool; a worker that served few turns - a pool grown
+    for the tail, a worker that left early - counts for its share). None if under
+    ``TAIL_LOAD_MIN_COLOCATED`` of the records are colocated (a P:D split's tail is modelled by
+    its slowest paths, not rho), a record lacks its worker, or too few trajectories were whole."""
+    whole = len(_durations(recs))
+    if whole < MIN_TRAJECTORIES_FOR_TAIL or not recs:
+        return None
+    coloc = [r for r in recs if r.mode == "colocated"]
+    if len(coloc) < TAIL_LOAD_MIN_COLOCATED * len(recs) or any(not r.worker_id for r in coloc):
+        return None
+    per: dict[str, int] = defaultdict(int)
+    for r in coloc:
+        per[r.worker_id] += 1
+    n_eff = sum(per.values()) ** 2 / sum(v * v for v in per.values())
+    return max(whole / n_eff, 1.0)
+
+
+def _blend_tail_by_load(table: tuple[tuple[int, float, float], ...], log_m0: float, rho: float,
+                        alpha: float) -> tuple[tuple[int, float, float], ...]:
+    """EMA-blend one window's ``(log2 m0, rho)`` into its bucket (a new bucket takes it as is)."""
+    b = round(log_m0 / TAIL_LOAD_BUCKET)
+    out = {k: (x, y) for k, x, y in table}
+    if b in out:
+        x, y = out[b]
+        out[b] = (x + alpha * (log_m0 - x), y + alpha * (rho - y))
+    else:
+        out[b] = (log_m0, rho)
+    return tuple(sorted((k, x, y) for k, (x, y) in out.items()))
 
 
 def _kept_share(by_turn: dict[int, list[TelemetryRecord]]) -> dict[int, float]:

@@ -22,18 +22,45 @@ def test_cost_ema_and_bad_observations() -> None:
 def test_borrow_gate_arithmetic() -> None:
     pol = PolicySpec(gate_margin=1.0)
     costs = CostModel(activation_s=6.0, deactivation_s=4.0)
-    # r = 2: useful = min(164 - 10, 100/2) = 50; saving = 50 * 1 = 50 > 10
+    # r = 2, batch-bound: useful = min(164 - 10, (100 - 6) / 2) = 47; saving = 47 * 1 > return 4
     d = borrow_gate(200.0, 100.0, 164.0, 100.0, costs, pol)
-    assert d.admit and d.useful_s == 50.0 and d.saving_s == 50.0 and d.cost_s == 10.0
-    # r = 1.05: useful = 154, saving = 7.7 < 10 -> refused
+    assert d.admit and d.useful_s == 47.0 and d.saving_s == 47.0 and d.cost_s == 4.0
+    # r = 1.05: useful = min(154, 994 / 1.05); saving = 154 * 0.05 = 7.7 > 4 -> admitted
     d2 = borrow_gate(105.0, 100.0, 164.0, 1000.0, costs, pol)
-    assert not d2.admit and d2.saving_s == pytest.approx(7.7)
+    assert d2.admit and d2.saving_s == pytest.approx(7.7)
+    # r = 1.02: saving = 154 * 0.02 = 3.08 < 4 -> refused
+    assert not borrow_gate(102.0, 100.0, 164.0, 1000.0, costs, pol).admit
     # a window shorter than the handoff
     d3 = borrow_gate(200.0, 100.0, 8.0, 1000.0, costs, pol)
     assert not d3.admit and "too short" in d3.reason
+    # a batch that ends before the activation does
+    d4 = borrow_gate(200.0, 100.0, 164.0, 5.0, costs, pol)
+    assert not d4.admit and "before the activation" in d4.reason
     # ungated: admits whenever there is a speedup
     assert borrow_gate(105.0, 100.0, 164.0, 1000.0, costs, PolicySpec(gate_enabled=False)).admit
     assert not borrow_gate(100.0, 100.0, 164.0, 1000.0, costs, PolicySpec(gate_enabled=False)).admit
+
+
+@pytest.mark.parametrize("r", [1.2, 1.37, 2.0, 2.9])
+@pytest.mark.parametrize("remaining", [10.0, 30.0, 45.0, 120.0])
+def test_borrow_gate_saving_is_the_batch_end_difference(r: float, remaining: float) -> None:
+    """Batch-bound borrowing, played out on a timeline: the batch has ``R`` seconds of work at
+    speed 1; it goes on at speed 1 through the activation, then at speed ``r``. The gate's
+    saving is exactly how much earlier the batch ends, and it admits exactly when that beats the
+    return delay (the activation is paid once, inside the saving)."""
+    c_a, c_d = 8.0, 4.4
+    costs = CostModel(activation_s=c_a, deactivation_s=c_d)
+    d = borrow_gate(100.0 * r, 100.0, 1e6, remaining, costs, PolicySpec(gate_margin=1.0))
+    t, work, dt = 0.0, remaining, 1e-3  # integrate the batch's progress in small steps
+    while work > 0:
+        work -= (1.0 if t < c_a else r) * dt
+        t += dt
+    earlier = remaining - t
+    if remaining > c_a:
+        assert d.saving_s == pytest.approx(earlier, abs=2e-3)
+    else:
+        assert d.saving_s == 0.0 and earlier == pytest.approx(0.0, abs=2e-3)
+    assert d.admit == (earlier - c_d > 1e-2) or abs(earlier - c_d) < 1e-2
 
 
 def test_expansion_gate_needs_lifetime_beyond_preparation() -> None:
