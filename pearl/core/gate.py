@@ -93,6 +93,18 @@ class CostModel:
         }
 
 
+class GateOutcome(StrEnum):
+    """Why a gate decided as it did (``GateDecision.outcome``; counted per system by the replay)."""
+
+    ADMITTED = "admitted"                    # saving > margin x cost
+    UNGATED = "ungated"                      # gate disabled, a speedup predicted
+    NO_SPEEDUP = "no_speedup"                # r <= 1
+    WINDOW_TOO_SHORT = "window_too_short"    # borrow: W <= c_a + c_d
+    BATCH_ENDS_FIRST = "batch_ends_first"    # borrow: R <= c_a
+    LIFETIME_TOO_SHORT = "lifetime_too_short"  # expansion: T_life <= c_p + c_f
+    SAVING_BELOW_COST = "saving_below_cost"  # saving <= margin x cost
+
+
 @dataclass(frozen=True, slots=True)
 class GateDecision:
     admit: bool
@@ -100,10 +112,12 @@ class GateDecision:
     cost_s: float
     useful_s: float
     reason: str
+    outcome: GateOutcome = GateOutcome.ADMITTED
 
     def to_dict(self) -> dict[str, object]:
         return {
             "admit": self.admit,
+            "outcome": self.outcome.value,
             "saving_s": round(self.saving_s, 3),
             "cost_s": round(self.cost_s, 3),
             "useful_s": round(self.useful_s, 3),
@@ -133,20 +147,23 @@ def borrow_gate(
     useful = min(by_window, by_batch)
     saving = max(useful, 0.0) * (r - 1.0)
     if r <= 1.0:
-        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})")
+        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
     if not policy.gate_enabled:
-        return GateDecision(True, saving, cost, useful, f"gate disabled: borrow (r={r:.3f})")
+        return GateDecision(True, saving, cost, useful, f"gate disabled: borrow (r={r:.3f})", GateOutcome.UNGATED)
     if useful <= 0:
         if by_window <= by_batch:
-            why = f"window {window_s:.1f} s too short for activation + return {c_a + cost:.1f} s"
-        else:
-            why = f"batch done ({remaining_s:.1f} s left) before the activation ({c_a:.1f} s) ends"
-        return GateDecision(False, 0.0, cost, useful, why)
+            return GateDecision(False, 0.0, cost, useful,
+                                f"window {window_s:.1f} s too short for activation + return {c_a + cost:.1f} s",
+                                GateOutcome.WINDOW_TOO_SHORT)
+        return GateDecision(False, 0.0, cost, useful,
+                            f"batch done ({remaining_s:.1f} s left) before the activation ({c_a:.1f} s) ends",
+                            GateOutcome.BATCH_ENDS_FIRST)
     admit = saving > policy.gate_margin * cost
     cmp = ">" if admit else "<="
     return GateDecision(admit, saving, cost, useful,
                         f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x return {cost:.1f} s "
-                        f"(r={r:.3f}, serving {useful:.1f} s after a {c_a:.1f} s activation)")
+                        f"(r={r:.3f}, serving {useful:.1f} s after a {c_a:.1f} s activation)",
+                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)
 
 
 def expansion_gate(
@@ -162,14 +179,15 @@ def expansion_gate(
     useful = expected_lifetime_s - costs.expansion_prep_s - costs.expansion_final_s
     saving = max(useful, 0.0) * (r - 1.0)
     if r <= 1.0:
-        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})")
+        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
     if not policy.gate_enabled:
-        return GateDecision(True, saving, cost, useful, f"gate disabled: expand (r={r:.3f})")
+        return GateDecision(True, saving, cost, useful, f"gate disabled: expand (r={r:.3f})", GateOutcome.UNGATED)
     if useful <= 0:
         return GateDecision(False, 0.0, cost, useful,
                             f"expected lifetime {expected_lifetime_s:.0f} s shorter than preparation + "
-                            f"finalisation {costs.expansion_prep_s + cost:.0f} s")
+                            f"finalisation {costs.expansion_prep_s + cost:.0f} s", GateOutcome.LIFETIME_TOO_SHORT)
     admit = saving > policy.gate_margin * cost
     cmp = ">" if admit else "<="
     return GateDecision(admit, saving, cost, useful,
-                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f})")
+                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f})",
+                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)

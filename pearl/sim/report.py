@@ -202,6 +202,14 @@ def write_report(result: Mapping[str, Any], out_dir: str | Path) -> Path:
     for name, s in result["systems"].items():
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(s["reconfigurations"].items())) or "none"
         md.append(f"- **{name}**: {kinds}")
+    gated = {n: s["gates"] for n, s in result["systems"].items() if s.get("gates")}
+    if gated:
+        md += ["", "## Gate decisions (borrow: idle training GPUs; expansion: granted preemptible GPUs)", "",
+               "Outcomes (`pearl/core/gate.py` `GateOutcome`): admitted, ungated (gate off), "
+               "saving_below_cost, window_too_short, batch_ends_first, lifetime_too_short, no_speedup.", ""]
+        for name, gates in gated.items():
+            parts = [f"{kind} " + ", ".join(f"{o}: {n}" for o, n in per.items()) for kind, per in gates.items()]
+            md.append(f"- **{name}**: " + "; ".join(parts))
     md += ["", "## Plots", "", "![throughput](throughput.png)", "", "![modes](modes.png)", ""]
     for name in result["series"]:
         md += [f"![timeline {name}](timeline-{_safe(name)}.png)", ""]

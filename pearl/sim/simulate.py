@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +284,19 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
     }
 
 
+def gate_outcomes(log: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Gate decisions of one run counted per gate and outcome (``pearl.core.gate.GateOutcome``):
+    ``{"borrow": {"admitted": 14, "saving_below_cost": 8}, "expansion": {...}}``. The borrow
+    gate's replays inside batch-start predictions are not decisions and are not in the log."""
+    out: dict[str, dict[str, int]] = {}
+    for g in log:
+        kind = str(g.get("kind", "?"))
+        outcome = str(g.get("outcome", "admitted" if g.get("admit") else "declined"))
+        per = out.setdefault(kind, {})
+        per[outcome] = per.get(outcome, 0) + 1
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
 def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duration_s: float | None = None,
                notice_s: float = DEFAULT_NOTICE_S, fixed_pool: int | None = None,
                allocation_overrides: dict[int, str] | None = None,
@@ -326,6 +339,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "cost_usd": round(cost, 2),
         "cost_per_1k_trajectories": round(1000 * cost / done, 2) if done else None,
         "reconfigurations": dict(summ["reconfigurations"]),
+        "gates": gate_outcomes(summ.get("gates", [])),
         "reconfiguration_costs_s": raw["costs"],
         "resume_prefill": {k: [round(x, 5 if k.endswith("share") else 3) for x in v]
                            for k, v in raw["resume_prefill"].items()},

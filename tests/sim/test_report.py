@@ -61,10 +61,13 @@ def test_write_report(tmp_path: Path) -> None:
                "reconfigurations": {"expand": 1}, "makespan_prediction_error": 0.05}
     series = {"completions": [60.0, 120.0], "timeline": [["r0", 0.0, 100.0, "colocated"]],
               "modes": [[0.0, "coloc"], [50.0, "2P2D"]], "budget": [[0.0, 0], [60.0, 4]]}
-    result = {"systems": {"roll": summary, "pearl": summary}, "series": {"roll": series, "pearl": series},
+    gated = {**summary, "gates": {"borrow": {"admitted": 3, "saving_below_cost": 2}, "expansion": {"admitted": 1}}}
+    result = {"systems": {"roll": summary, "pearl": gated}, "series": {"roll": series, "pearl": series},
               "meta": {"duration_s": 200.0, "config": "c", "trace": "t"}, "wall_s": 1.0}
     md = write_report(result, tmp_path / "rep")
     text = md.read_text()
     assert "| pearl | 100 | 1.00x |" in text
+    assert "- **pearl**: borrow admitted: 3, saving_below_cost: 2; expansion admitted: 1" in text
+    assert "- **roll**: borrow" not in text  # no gate decisions, no line
     for f in ("throughput.png", "modes.png", "timeline-roll.png", "timeline-pearl.png"):
         assert (tmp_path / "rep" / f).stat().st_size > 1000

@@ -80,6 +80,23 @@ def test_pearl_uses_preemptible(result: dict[str, Any]) -> None:
     assert p["reconfigurations"].get("shrink", 0) >= 1  # the trace drops 4 -> 2
 
 
+def test_gate_decisions_are_counted_per_gate_and_outcome(result: dict[str, Any]) -> None:
+    """``gates``: every borrow / expansion decision of the run by outcome; the borrows it admits
+    are the borrows it made. RLBoost+ runs ungated, ROLL never asks."""
+    from pearl.core.gate import GateOutcome
+
+    names = {o.value for o in GateOutcome}
+    assert result["systems"]["roll"]["gates"] == {}
+    rlb = result["systems"]["rlboost+"]["gates"]
+    assert set(rlb["borrow"]) <= {"ungated", "no_speedup", "window_too_short", "batch_ends_first"}
+    assert rlb["borrow"].get("ungated", 0) == result["systems"]["rlboost+"]["reconfigurations"]["borrow"]
+    pearl = result["systems"]["pearl"]
+    assert set(pearl["gates"]) <= {"borrow", "expansion"} and "borrow" in pearl["gates"]
+    for per in pearl["gates"].values():
+        assert set(per) <= names and "ungated" not in per
+    assert pearl["gates"]["borrow"].get("admitted", 0) == pearl["reconfigurations"].get("borrow", 0)
+
+
 def test_series_for_report(result: dict[str, Any]) -> None:
     for s in result["series"].values():
         assert s["completions"] == sorted(s["completions"])
