@@ -25,7 +25,8 @@ The activation is paid inside the saving, as the ``c_a`` seconds the borrowed wo
 serve: what it costs the batch is ``c_a (1 - 1/r)`` seconds (batch-bound) or ``c_a (r - 1)``
 (window-bound), not ``c_a``. Before session 9 the gate charged ``c_a + c_d`` *and* let the
 borrowed workers serve ``R / r`` (as if the batch made no progress during the activation). That
-over-charged the activation by ``c_a / r``: 5.8 s at ``r = 1.37``, ``c_a = 8 s``. On Qwen3-30B-A3B
+over-charged the activation by ``c_a / r`` when the batch ends first (5.8 s at ``r = 1.37``,
+``c_a = 8 s``) and by ``c_a`` when the window closes first. On Qwen3-30B-A3B
 (segments like-10 / like-12) it declined borrows with 25-45 s left that the ungated run showed to
 pay (the gated run counted 2.5 % fewer trajectories). Not modelled, on either side: the
 requests that the return interrupts resume with a re-prefill on the dedicated workers (about 1 s
