@@ -210,67 +210,9 @@ async def bench_api(target: str, duration_s: float, concurrency: int) -> None:
 
 
 # ------------------------------------------------------------------------------ control-plane overhead
-class NullEngine:
-    """A data plane that costs nothing: every request completes at once with ``max_new_tokens``
-    tokens. With it, all wall time the runtime spends is control-plane work (controller, schedulers,
-    router, tracker, sessions, asyncio) - the figure this benchmark is after. Not used by tests."""
-
-    def __init__(self) -> None:
-        from pearl.engines.base import GenerateResult
-
-        self._result = GenerateResult
-        self.versions: dict[str, int] = {}
-        self.requests = 0
-
-    async def launch(self, spec) -> None:
-        self.versions[spec.worker_id] = spec.weight_version
-
-    async def stop(self, worker_id: str) -> None:
-        self.versions.pop(worker_id, None)
-
-    async def healthy(self, worker_id: str) -> bool:
-        return worker_id in self.versions
-
-    def _done(self, worker_id: str, req, decode: str = ""):
-        from pearl.engines.base import FinishReason
-
-        self.requests += 1
-        n = req.sampling.max_new_tokens
-        return self._result(req.rid, (1,) * n, (0.0,) * n, FinishReason.LENGTH, self.versions.get(worker_id, 0),
-                            len(req.input_ids), 0, worker_id=worker_id, decode_worker_id=decode)
-
-    async def generate(self, worker_id: str, req):
-        return self._done(worker_id, req)
-
-    async def generate_pd(self, prefill_id: str, decode_id: str, req):
-        return self._done(prefill_id, req, decode_id)
-
-    async def abort(self, worker_id: str, rid: str | None = None) -> None:
-        return None
-
-    async def pause(self, worker_id: str) -> None:
-        return None
-
-    async def resume(self, worker_id: str) -> None:
-        return None
-
-    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
-        self.versions[worker_id] = version
-
-    async def weight_version(self, worker_id: str) -> int:
-        return self.versions.get(worker_id, 0)
-
-    async def release_memory(self, worker_id: str) -> None:
-        return None
-
-    async def resume_memory(self, worker_id: str) -> None:
-        return None
-
-    async def set_role(self, worker_id: str, role) -> None:
-        return None
-
-    async def close(self) -> None:
-        self.versions.clear()
+# The "null engine" below is ``pearl.reliability.load.InstantEngine``: a data plane that costs
+# nothing (every request completes at once with ``max_new_tokens`` tokens), so all wall time the
+# runtime spends is control-plane work (controller, schedulers, router, tracker, sessions, asyncio).
 
 
 class CountingEngine:
@@ -323,11 +265,12 @@ async def _one_batch(cfg, engine, clock, batches: int = 1) -> tuple[float, float
 
 def _virtual(cfg, kind: str, batches: int = 1) -> tuple[float, float, int, float]:
     from pearl.engines.emulated import EmulatedEngine
+    from pearl.reliability.load import InstantEngine
     from pearl.runtime.clock import LoopClock, run_virtual
 
     async def go() -> tuple[float, float, int, float]:
         clock = LoopClock()
-        engine = NullEngine() if kind == "null" else CountingEngine(EmulatedEngine.from_config(cfg, clock))
+        engine = InstantEngine() if kind == "null" else CountingEngine(EmulatedEngine.from_config(cfg, clock))
         return await _one_batch(cfg, engine, clock, batches)
 
     return run_virtual(go())
@@ -338,13 +281,14 @@ def _window(cfg, seconds: float, virtual: bool) -> tuple[int, float, float]:
     virtual time: (requests dispatched, loop lag p50 ms, p99 ms; lag only in real time)."""
     import uvloop
 
+    from pearl.reliability.load import InstantEngine
     from pearl.runtime.clock import LoopClock, run_virtual
     from pearl.runtime.controller import Controller
     from pearl.sim.agents import SyntheticSessionFactory
 
     async def go() -> tuple[int, float, float]:
         clock = LoopClock()
-        engine = NullEngine()
+        engine = InstantEngine()
         c = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload, clock), clock=clock)
         await c.start()
         lags: list[float] = []

@@ -36,8 +36,8 @@ import os
 import random
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,13 +54,11 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
+from pearl.engines.http_engine import HttpEngine, StreamState
 from pearl.engines.vllm_broadcast import free_port
-from pearl.engines.vllm_server import ChildServer, race_death
+from pearl.engines.vllm_server import ChildServer
 
 log = logging.getLogger("pearl.engines.sglang")
-# idle pooled connections are dropped before uvicorn closes them (its keep-alive is 5 s); a
-# request written into a connection the server is closing fails with "closing transport"
-KEEPALIVE_S = 2.0
 CONTROL_TIMEOUT_S = 300.0
 MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
 
@@ -121,107 +119,46 @@ class SglangServer(ChildServer):
 
 
 @dataclass
-class _Stream:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+class _Stream(StreamState):
+    """A ``/generate`` stream so far, with the weight version the server reports in it."""
+
     version: str | None = None
-    t_first: float | None = None
-    t_last: float | None = None
-    conc_sum: float = 0.0
-    conc_n: int = 0
-    grew: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
-class SglangEngine:
+class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
     """SGLang servers as child processes; see the module docstring."""
 
     def __init__(self, run_dir: str | Path, settings: SglangSettings | None = None):
-        self.run_dir = Path(run_dir)
-        self.settings = settings or SglangSettings()
-        self._servers: dict[str, SglangServer] = {}
-        self._http: aiohttp.ClientSession | None = None
-        self.last_role_change_s = float("nan")
-        self._live: dict[str, _Stream] = {}  # rid -> stream in progress (for ``wait_tokens``)
-        self._live_changed = asyncio.Event()
+        super().__init__(run_dir, settings or SglangSettings())
         self._prefills: set[asyncio.Task[None]] = set()  # background halves of ``pd_prefill``
 
     # ------------------------------------------------------------------------------ servers
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.settings.request_timeout_s),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
-        return self._http
-
-    def server(self, worker_id: str) -> SglangServer:
-        try:
-            return self._servers[worker_id]
-        except KeyError:
-            raise EngineError(worker_id, f"no server launched for this worker (known: {sorted(self._servers)})") \
-                from None
-
-    def _alive(self, worker_id: str) -> SglangServer:
-        srv = self.server(worker_id)
-        if not srv.alive:
-            raise EngineDeadError(worker_id, "SGLang server is not running", exit_code=srv.exit_code,
-                                  log_tail=srv.log_tail())
-        return srv
-
     async def launch(self, spec: ServerSpec) -> None:
-        if spec.worker_id in self._servers and self._servers[spec.worker_id].alive:
-            raise EngineError(spec.worker_id, "already running; stop it or set_role instead of launching twice")
-        srv = SglangServer(spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
-                           weight_version=spec.weight_version, settings=self.settings)
-        self._servers[spec.worker_id] = srv
-        await srv.start()
-
-    async def stop(self, worker_id: str) -> None:
-        srv = self._servers.get(worker_id)
-        if srv is not None:
-            await srv.stop()
-
-    async def healthy(self, worker_id: str) -> bool:
-        srv = self._servers.get(worker_id)
-        if srv is None or not srv.alive:
-            return False
-        try:
-            async with self._session().get(f"{srv.url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+        await self._start(SglangServer(
+            spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
+            weight_version=spec.weight_version, settings=self.settings))
 
     async def close(self) -> None:
         for t in list(self._prefills):
             t.cancel()
         await asyncio.gather(*self._prefills, return_exceptions=True)
-        await asyncio.gather(*(s.stop() for s in self._servers.values()))
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await super().close()
 
     # ------------------------------------------------------------------------------ control
     async def _call(self, srv: SglangServer, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        async def call() -> Any:
-            async with self._session().request(method, f"{srv.url}{path}",
-                                               json=dict(body) if body is not None else None,
-                                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as r:
-                text = await r.text()
-                if r.status != 200:
-                    raise EngineError(srv.spec.worker_id, f"{method} {path} -> HTTP {r.status}: {text[:500]}")
-                try:
-                    data = json.loads(text) if text.strip() else None
-                except json.JSONDecodeError:
-                    return text
-                if isinstance(data, dict) and data.get("success") is False:
-                    raise EngineError(srv.spec.worker_id, f"{method} {path} failed: {data.get('message')}")
-                return data
-        return await race_death(srv, call(), f"{method} {path}")
+        """A control call (fails fast with ``EngineDeadError`` if the server dies meanwhile); a
+        reply with ``success: false`` is an ``EngineError``, one that is not JSON comes back as text."""
+        text = await self._fetch(srv, method, path, CONTROL_TIMEOUT_S, dict(body) if body is not None else None)
+        try:
+            data = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            return text
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineError(srv.spec.worker_id, f"{method} {path} failed: {data.get('message')}")
+        return data
 
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
         body = {"abort_all": True} if rid is None else {"rid": rid}
@@ -318,11 +255,7 @@ class SglangEngine:
         ids = [int(t) for t in msg.get("output_ids") or []]
         meta = msg.get("meta_info") or {}
         if len(ids) > len(st.tokens):
-            now = time.perf_counter()
-            st.t_first = st.t_first if st.t_first is not None else now
-            st.t_last = now
-            st.conc_sum += srv.inflight
-            st.conc_n += 1
+            st.arrived(srv.inflight)
         if len(ids) >= len(st.tokens):
             st.tokens = ids  # cumulative (SGLang's default streaming)
             st.grew.set()
@@ -338,71 +271,21 @@ class SglangEngine:
             st.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
 
     async def _read(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> None:
-        async with self._session().post(f"{srv.url}/generate", json=body) as r:
-            if r.status != 200:
-                raise EngineError(srv.spec.worker_id, f"/generate -> HTTP {r.status}: {(await r.text())[:500]}")
-            if not body["stream"]:
-                self._absorb(srv, await r.json(), st)
-                return
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                self._absorb(srv, json.loads(data), st)
-            # the body closed without "[DONE]": the connection dropped (a killed server can close
-            # it cleanly between events); ``race_death`` waits for the exit and says so
-            raise aiohttp.ClientPayloadError(f"{srv.spec.worker_id}: stream closed before [DONE]")
+        await self._post_stream(srv, "/generate", body, lambda msg: self._absorb(srv, msg, st))
 
     async def _run(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> bool:
         """True if the stream ended normally, False if the engine stopped the server meanwhile."""
-        srv.inflight += 1
-        rid = str(body["rid"])
-        self._live[rid] = st
-        self._live_changed.set()
-        try:
-            await race_death(srv, self._read(srv, body, st), "generation")
-            return True
-        except EngineDeadError:
-            if srv.stopping:
-                return False
-            raise
-        except asyncio.CancelledError:
-            if srv.alive:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wait_for(
-                        self._call(srv, "POST", "/abort_request", {"rid": body["rid"]}), 5))
-            raise
-        finally:
-            srv.inflight -= 1
-            self._live.pop(rid, None)
-            st.grew.set()
-
-    async def wait_tokens(self, rid: str, n: int) -> int:
-        """Wait until request ``rid`` has streamed ``n`` tokens or ended (see ``VllmEngine.wait_tokens``)."""
-        while True:
-            st = self._live.get(rid)
-            if st is None:
-                self._live_changed.clear()
-                await self._live_changed.wait()
-                continue
-            if len(st.tokens) >= n or rid not in self._live:
-                return len(st.tokens)
-            st.grew.clear()
-            await st.grew.wait()
-            if rid not in self._live:
-                return len(st.tokens)
+        def abort() -> Awaitable[Any]:
+            return self._call(srv, "POST", "/abort_request", {"rid": body["rid"]})
+        return await self._follow(srv, str(body["rid"]), st, self._read(srv, body, st), abort)
 
     def _result(self, req: GenerateRequest, st: _Stream, srv: SglangServer, timings: RequestTimings,
                 version: int, prefill_id: str = "") -> GenerateResult:
         finish = FINISH.get(st.finish or "", FinishReason.ABORT)
         if st.version is not None and st.version.lstrip("-").isdigit() and finish is not FinishReason.ABORT:
             version = int(st.version)
-        n = len(st.tokens)
         return GenerateResult(
-            rid=req.rid, output_ids=tuple(st.tokens), logprobs=tuple(st.logprobs[:n]) if len(st.logprobs) >= n else (),
+            rid=req.rid, output_ids=tuple(st.tokens), logprobs=st.output_logprobs(),
             finish_reason=finish, weight_version=version, prompt_tokens=st.prompt_tokens or len(req.input_ids),
             cached_tokens=st.cached_tokens, timings=timings, worker_id=prefill_id or srv.spec.worker_id,
             decode_worker_id=srv.spec.worker_id)
@@ -410,9 +293,8 @@ class SglangEngine:
     @staticmethod
     def _timings(st: _Stream, t_start: float, prefill_s: float | None = None) -> RequestTimings:
         first = st.t_first if st.t_first is not None else time.perf_counter()
-        decode = (st.t_last - st.t_first) if st.t_first is not None and st.t_last is not None else 0.0
-        step = decode / max(len(st.tokens) - 1, 1)
-        conc = st.conc_sum / st.conc_n if st.conc_n else 1.0
+        decode, step = st.decode_timings()
+        conc = st.concurrency()
         if prefill_s is None:
             return RequestTimings(prefill_s=first - t_start, decode_s=decode, decode_concurrency=conc)
         return RequestTimings(prefill_s=prefill_s, transfer_s=max(first - t_start - prefill_s - step, 0.0),

@@ -34,11 +34,10 @@ server is launched ``kv_both`` and ``set_role`` is bookkeeping only (vLLM decide
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,13 +54,11 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
+from pearl.engines.http_engine import HttpEngine, StreamState
 from pearl.engines.vllm_broadcast import GlooBroadcaster, bucketize
 from pearl.engines.vllm_server import SERVED_MODEL_NAME, VllmServer, VllmSettings, race_death
 
 KvMode = Literal["per_role", "both"]
-# idle pooled connections are dropped before uvicorn closes them (its keep-alive is 5 s); a
-# request written into a connection the server is closing fails with "closing transport"
-KEEPALIVE_S = 2.0
 CONTROL_TIMEOUT_S = 120.0
 
 
@@ -72,20 +69,10 @@ def kv_role_for(role: Role, kv_mode: KvMode) -> str | None:
 
 
 @dataclass
-class _Stream:
-    """What one streamed request has produced so far (kept on abort / death)."""
+class _Stream(StreamState):
+    """A completion stream so far, with the prefill reply's ``kv_transfer_params`` (PD)."""
 
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
     kv_params: dict[str, Any] | None = None
-    t_first: float | None = None
-    t_last: float | None = None
-    conc_sum: float = 0.0
-    conc_n: int = 0
-    grew: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +82,12 @@ class BroadcastTiming:
     bytes: int
 
 
-class VllmEngine:
+class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
     """Real vLLM servers as child processes; see the module docstring."""
 
     def __init__(self, run_dir: str | Path, settings: VllmSettings | None = None, kv_mode: KvMode = "per_role"):
-        self.run_dir = Path(run_dir)
-        self.settings = settings or VllmSettings()
+        super().__init__(run_dir, settings or VllmSettings())
         self.kv_mode: KvMode = kv_mode
-        self._servers: dict[str, VllmServer] = {}
-        self._http: aiohttp.ClientSession | None = None
-        self._live: dict[str, _Stream] = {}  # rid -> stream in progress (for ``wait_tokens``)
-        self._live_changed = asyncio.Event()
-        self.last_role_change_s = float("nan")
 
     @staticmethod
     def from_config(spec: Any, run_dir: str | Path, kv_mode: KvMode = "per_role") -> VllmEngine:
@@ -119,74 +100,23 @@ class VllmEngine:
             nixl_progress_delay_us=spec.nixl_progress_delay_us), kv_mode)
 
     # ------------------------------------------------------------------------------ servers
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.settings.request_timeout_s),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
-        return self._http
-
-    def server(self, worker_id: str) -> VllmServer:
-        try:
-            return self._servers[worker_id]
-        except KeyError:
-            raise EngineError(worker_id, f"no server launched for this worker (known: {sorted(self._servers)})") \
-                from None
-
-    def _alive(self, worker_id: str) -> VllmServer:
-        srv = self.server(worker_id)
-        if not srv.alive:
-            raise EngineDeadError(worker_id, "vLLM server is not running", exit_code=srv.exit_code,
-                                  log_tail=srv.log_tail())
-        return srv
-
     async def launch(self, spec: ServerSpec) -> None:
-        if spec.worker_id in self._servers and self._servers[spec.worker_id].alive:
-            raise EngineError(spec.worker_id, "already running; stop it or set_role instead of launching twice")
         srv = VllmServer(spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
                          nice=self.settings.nice, weight_version=spec.weight_version, settings=self.settings,
                          kv_role=kv_role_for(spec.role, self.kv_mode))
-        self._servers[spec.worker_id] = srv
-        await srv.start()
+        await self._start(srv)
         await self._post(srv, "/update_weight_version", {"new_version": str(spec.weight_version)})
-
-    async def stop(self, worker_id: str) -> None:
-        srv = self._servers.get(worker_id)
-        if srv is not None:
-            await srv.stop()
-
-    async def healthy(self, worker_id: str) -> bool:
-        srv = self._servers.get(worker_id)
-        if srv is None or not srv.alive:
-            return False
-        try:
-            async with self._session().get(f"{srv.url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
 
     def ready_seconds(self, worker_id: str) -> float:
         """Start-to-ready wall time of the worker's current server process."""
         return self.server(worker_id).ready_s
 
-    async def close(self) -> None:
-        await asyncio.gather(*(s.stop() for s in self._servers.values()))
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
     # ------------------------------------------------------------------------------ control
     async def _post(self, srv: VllmServer, path: str, body: Mapping[str, Any] | None = None,
                     params: Mapping[str, str] | None = None) -> Any:
         """A control call that fails fast with ``EngineDeadError`` if the server dies meanwhile."""
-        async def call() -> Any:
-            async with self._session().post(f"{srv.url}{path}", json=dict(body or {}), params=params,
-                                            timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as r:
-                text = await r.text()
-                if r.status != 200:
-                    raise EngineError(srv.spec.worker_id, f"POST {path} -> HTTP {r.status}: {text[:500]}")
-                return json.loads(text) if text.strip() else None
-        return await race_death(srv, call(), f"POST {path}")
+        text = await self._fetch(srv, "POST", path, CONTROL_TIMEOUT_S, dict(body or {}), params)
+        return json.loads(text) if text.strip() else None
 
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
         srv = self._alive(worker_id)
@@ -310,27 +240,11 @@ class VllmEngine:
         """Read the SSE stream of one completion into ``st`` (kept as it grows). A non-streaming
         body (the PD prefill: vLLM returns ``kv_transfer_params`` only in a full response) is read
         in one piece."""
-        async with self._session().post(f"{srv.url}/v1/completions", json=body) as r:
-            if r.status != 200:
-                text = await r.text()
-                raise EngineError(srv.spec.worker_id, f"/v1/completions -> HTTP {r.status}: {text[:500]}")
-            if not body.get("stream"):
-                self._absorb(srv, await r.json(), st)
-                return
-            async for raw in r.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                msg = json.loads(data)
-                if "error" in msg:
-                    raise EngineError(srv.spec.worker_id, f"stream error: {msg['error']}")
-                self._absorb(srv, msg, st)
-            # the body closed without "[DONE]": the connection dropped (a killed server can close
-            # it cleanly between events); ``race_death`` waits for the exit and says so
-            raise aiohttp.ClientPayloadError(f"{srv.spec.worker_id}: stream closed before [DONE]")
+        def event(msg: dict[str, Any]) -> None:
+            if "error" in msg:
+                raise EngineError(srv.spec.worker_id, f"stream error: {msg['error']}")
+            self._absorb(srv, msg, st)
+        await self._post_stream(srv, "/v1/completions", body, lambda msg: self._absorb(srv, msg, st), event)
 
     @staticmethod
     def _absorb(srv: VllmServer, msg: dict[str, Any], st: _Stream) -> None:
@@ -346,14 +260,10 @@ class VllmEngine:
                 st.prompt_tokens = len(ch["prompt_token_ids"])
             ids = ch.get("token_ids") or []
             if ids:
-                now = time.perf_counter()
-                st.t_first = st.t_first if st.t_first is not None else now
-                st.t_last = now
+                st.arrived(srv.inflight)
                 st.tokens.extend(int(t) for t in ids)
                 lp = (ch.get("logprobs") or {}).get("token_logprobs") or []
                 st.logprobs.extend(float(x) if x is not None else 0.0 for x in lp)
-                st.conc_sum += srv.inflight
-                st.conc_n += 1
                 st.grew.set()
             if ch.get("finish_reason"):
                 st.finish = ch["finish_reason"]
@@ -363,67 +273,22 @@ class VllmEngine:
 
         Raises ``EngineDeadError`` (with nothing in ``partial``; callers attach it) on death and
         ``EngineError`` on other failures. Cancellation aborts the remote request first."""
-        srv.inflight += 1
-        rid = str(body["request_id"])
-        self._live[rid] = st
-        self._live_changed.set()
-        try:
-            await race_death(srv, self._stream(srv, body, st), "generation")
-            return True
-        except EngineDeadError:
-            if srv.stopping:
-                return False
-            raise
-        except asyncio.CancelledError:
-            if srv.alive:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wait_for(
-                        self._post(srv, "/abort_requests", {"request_ids": [f"cmpl-{body['request_id']}-0"]}), 5))
-            raise
-        finally:
-            srv.inflight -= 1
-            self._live.pop(rid, None)
-            st.grew.set()
+        def abort() -> Awaitable[Any]:
+            return self._post(srv, "/abort_requests", {"request_ids": [f"cmpl-{body['request_id']}-0"]})
+        return await self._follow(srv, str(body["request_id"]), st, self._stream(srv, body, st), abort)
 
     def streaming(self, rid: str) -> bool:
         """Whether request ``rid``'s stream is open (started and not ended)."""
         return rid in self._live
 
-    async def wait_tokens(self, rid: str, n: int) -> int:
-        """Wait until request ``rid`` has streamed ``n`` tokens or its stream ended; returns the count
-        so far. A request not started yet is waited for (wrap in ``asyncio.wait_for``). For a PD
-        request this follows its decode part."""
-        while True:
-            st = self._live.get(rid)
-            if st is None:
-                self._live_changed.clear()
-                await self._live_changed.wait()
-                continue
-            if len(st.tokens) >= n or rid not in self._live:
-                return len(st.tokens)
-            st.grew.clear()
-            await st.grew.wait()
-            if rid not in self._live:
-                return len(st.tokens)
-
     def _result(self, req: GenerateRequest, st: _Stream, srv: VllmServer, timings: RequestTimings,
                 prefill_id: str = "") -> GenerateResult:
         finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(st.finish or "", FinishReason.ABORT)
-        n = len(st.tokens)
-        lps = tuple(st.logprobs[:n]) if len(st.logprobs) >= n else ()
         return GenerateResult(
-            rid=req.rid, output_ids=tuple(st.tokens), logprobs=lps, finish_reason=finish,
+            rid=req.rid, output_ids=tuple(st.tokens), logprobs=st.output_logprobs(), finish_reason=finish,
             weight_version=srv.weight_version, prompt_tokens=st.prompt_tokens or len(req.input_ids),
             cached_tokens=st.cached_tokens, timings=timings, worker_id=prefill_id or srv.spec.worker_id,
             decode_worker_id=srv.spec.worker_id)
-
-    @staticmethod
-    def _decode_timings(st: _Stream) -> tuple[float, float]:
-        """(decode_s, mean inter-token seconds) from the stream's token arrival times."""
-        if st.t_first is None or st.t_last is None:
-            return 0.0, 0.0
-        decode = st.t_last - st.t_first
-        return decode, decode / max(len(st.tokens) - 1, 1)
 
     async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
         srv = self._alive(worker_id)
@@ -438,10 +303,9 @@ class VllmEngine:
             exc.partial = replace(self._result(req, st, srv, RequestTimings()), weight_version=version,
                                   finish_reason=FinishReason.ABORT)
             raise
-        decode_s, _ = self._decode_timings(st)
+        decode_s, _ = st.decode_timings()
         prefill_s = (st.t_first - t0) if st.t_first is not None else time.perf_counter() - t0
-        timings = RequestTimings(prefill_s=prefill_s, decode_s=decode_s,
-                                 decode_concurrency=st.conc_sum / st.conc_n if st.conc_n else 1.0)
+        timings = RequestTimings(prefill_s=prefill_s, decode_s=decode_s, decode_concurrency=st.concurrency())
         res = self._result(req, st, srv, timings)
         return res if res.finish_reason is not FinishReason.ABORT else replace(res, weight_version=version)
 
@@ -497,10 +361,10 @@ class VllmEngine:
             exc.partial = replace(self._result(req, st, d, RequestTimings(), prefill_id), weight_version=version,
                                   finish_reason=FinishReason.ABORT)
             raise
-        decode_s, step_s = self._decode_timings(st)
+        decode_s, step_s = st.decode_timings()
         first = (st.t_first - t1) if st.t_first is not None else time.perf_counter() - t1
         timings = RequestTimings(prefill_s=float(handle.get("prefill_s", 0.0)), transfer_s=max(first - step_s, 0.0),
-                                 decode_s=decode_s, decode_concurrency=st.conc_sum / st.conc_n if st.conc_n else 1.0)
+                                 decode_s=decode_s, decode_concurrency=st.concurrency())
         res = self._result(req, st, d, timings, prefill_id)
         if res.finish_reason is FinishReason.ABORT:
             res = replace(res, weight_version=version)
