@@ -49,7 +49,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.makespan import Stages, colocated_makespan, colocated_makespan_idle_bound, disaggregated_makespan
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 
@@ -247,7 +247,8 @@ class Decision:
             return ()
         ns = np.arange(1, self.n_workers + 1, dtype=np.float64)
         wl_c = self.wl.colocated_view()
-        ms = colocated_makespan(self.hw, Stages.of(wl_c), wl_c, self.batch, ns)
+        # a pool may leave workers idle: the curve never rises (``colocated_makespan_idle_bound``)
+        ms = np.minimum.accumulate(colocated_makespan(self.hw, Stages.of(wl_c), wl_c, self.batch, ns))
         return tuple(round(float(x), 2) for x in ms)
 
     def to_dict(self) -> dict[str, object]:
@@ -293,7 +294,8 @@ def evaluate_table(
     st = Stages.of(wl)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
     wl_c = wl.colocated_view()  # colocated turns that moved prefill their whole prompt (profile.py)
-    coloc = float(colocated_makespan(hw, Stages.of(wl_c), wl_c, batch, np.array([n_co], dtype=np.float64))[0])
+    coloc_fn = colocated_makespan_idle_bound if wl_c.tail_varies_with_load else colocated_makespan
+    coloc = float(coloc_fn(hw, Stages.of(wl_c), wl_c, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)

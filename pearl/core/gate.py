@@ -8,29 +8,32 @@ Costs are estimated online by an exponential moving average of observed transiti
 
 Borrow gate. Rollout currently predicts batch makespan ``M_0``; with the borrowed workers it would
 be ``M_1 < M_0``, i.e. it runs ``r = M_0 / M_1`` times faster. Training is idle for a window ``W``
-(until the next update needs its GPUs). The batch has ``R`` seconds of work left at the current
-speed. Borrowing starts with an activation of ``c_a`` seconds, during which the batch goes on at
-the current speed on the workers it has; the borrowed workers then serve until the batch is done
-or until the return must start (``c_d`` before the window closes)::
+(until the next update needs its GPUs; the batch's remaining time when the trainer gave none).
+The batch has ``R`` seconds of work left at the current speed. Borrowing starts with an
+activation of ``c_a`` seconds, during which the batch goes on at the current speed on the workers
+it has; the borrowed workers then serve until the batch is done or the window closes. The return
+starts when the training step does (``ElasticScheduler._on_training_started``) and the step waits
+the ``c_d`` it takes::
 
-    T_useful = min(W - c_a - c_d, (R - c_a) / r)  seconds the borrowed workers actually serve
-    saving   = T_useful * (r - 1)                 rollout seconds saved (in current-speed seconds)
-    cost     = c_d                                the return: the training step waits for it
+    T_useful = min(W - c_a, (R - c_a) / r)    seconds the borrowed workers actually serve
+    saving   = T_useful * (r - 1)             rollout seconds saved (in current-speed seconds)
+    cost     = c_d                            the return: the training step waits for it
     admit  iff  T_useful > 0  and  saving > margin * cost
 
 Check, batch-bound case: without borrowing the batch ends ``R`` from now, with it
 ``c_a + (R - c_a) / r`` from now, earlier by ``(R - c_a)(1 - 1/r) = T_useful (r - 1)``.
+Window-bound: the borrowed workers serve ``W - c_a`` seconds at ``r - 1`` extra speed.
 
 The activation is paid inside the saving, as the ``c_a`` seconds the borrowed workers do not
 serve: what it costs the batch is ``c_a (1 - 1/r)`` seconds (batch-bound) or ``c_a (r - 1)``
-(window-bound), not ``c_a``. Before session 9 the gate charged ``c_a + c_d`` *and* let the
-borrowed workers serve ``R / r`` (as if the batch made no progress during the activation). That
-over-charged the activation by ``c_a / r`` when the batch ends first (5.8 s at ``r = 1.37``,
-``c_a = 8 s``) and by ``c_a`` when the window closes first. On Qwen3-30B-A3B
-(segments like-10 / like-12) it declined borrows with 25-45 s left that the ungated run showed to
-pay (the gated run counted 2.5 % fewer trajectories). Not modelled, on either side: the
-requests that the return interrupts resume with a re-prefill on the dedicated workers (about 1 s
-of GPU work each, docs/EXPERIMENTS.md Table 3).
+(window-bound), not ``c_a``. Before session 9 the gate charged ``c_a + c_d``, let the borrowed
+workers serve ``R / r`` (as if the batch made no progress during the activation) and took ``c_d``
+off the window too. That over-charged the handoff by ``c_a / r`` when the batch ends first (5.8 s
+at ``r = 1.37``, ``c_a = 8 s``) and by ``c_a + c_d (r - 1)`` when the window closes first. On
+Qwen3-30B-A3B (segments like-10 / like-12) it declined borrows with 25-45 s left that the ungated
+run showed to pay (the gated run counted 2.5 % fewer trajectories). Not modelled, on either side:
+the requests that the return interrupts resume with a re-prefill on the dedicated workers (about
+1 s of GPU work each, docs/EXPERIMENTS.md Table 3).
 
 Expansion gate. Preemptible GPUs expected to live ``T_life`` seconds; preparation (background:
 start, load) ``c_p`` does not block rollout, finalisation ``c_f`` (weight sync, admission, re-plan)
@@ -100,7 +103,7 @@ class GateOutcome(StrEnum):
     ADMITTED = "admitted"                    # saving > margin x cost
     UNGATED = "ungated"                      # gate disabled, a speedup predicted
     NO_SPEEDUP = "no_speedup"                # r <= 1
-    WINDOW_TOO_SHORT = "window_too_short"    # borrow: W <= c_a + c_d
+    WINDOW_TOO_SHORT = "window_too_short"    # borrow: W <= c_a
     BATCH_ENDS_FIRST = "batch_ends_first"    # borrow: R <= c_a
     LIFETIME_TOO_SHORT = "lifetime_too_short"  # expansion: T_life <= c_p + c_f
     SAVING_BELOW_COST = "saving_below_cost"  # saving <= margin x cost
@@ -113,7 +116,7 @@ class GateDecision:
     cost_s: float
     useful_s: float
     reason: str
-    outcome: GateOutcome = GateOutcome.ADMITTED
+    outcome: GateOutcome
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -143,22 +146,23 @@ def borrow_gate(
     """Admit borrowing overlap GPUs for an idle training window (module docstring)."""
     r = _speedup(makespan_now_s, makespan_with_s)
     c_a, cost = costs.activation_s, costs.deactivation_s
-    by_window = window_s - c_a - cost
-    by_batch = (max(remaining_s, 0.0) - c_a) / r if r > 0 else 0.0
+    remaining = max(remaining_s, 0.0)
+    by_window = window_s - c_a
+    by_batch = (remaining - c_a) / r if r > 0 else 0.0
     useful = min(by_window, by_batch)
     saving = max(useful, 0.0) * (r - 1.0)
     if r <= 1.0:
         return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
     if not policy.gate_enabled:
         return GateDecision(True, saving, cost, useful, f"gate disabled: borrow (r={r:.3f})", GateOutcome.UNGATED)
-    if useful <= 0:
-        if by_window <= by_batch:
-            return GateDecision(False, 0.0, cost, useful,
-                                f"window {window_s:.1f} s too short for activation + return {c_a + cost:.1f} s",
-                                GateOutcome.WINDOW_TOO_SHORT)
+    if remaining <= c_a:
         return GateDecision(False, 0.0, cost, useful,
-                            f"batch done ({remaining_s:.1f} s left) before the activation ({c_a:.1f} s) ends",
+                            f"batch done ({remaining:.1f} s left) before the activation ({c_a:.1f} s) ends",
                             GateOutcome.BATCH_ENDS_FIRST)
+    if by_window <= 0:
+        return GateDecision(False, 0.0, cost, useful,
+                            f"window {window_s:.1f} s too short for the activation {c_a:.1f} s",
+                            GateOutcome.WINDOW_TOO_SHORT)
     admit = saving > policy.gate_margin * cost
     cmp = ">" if admit else "<="
     return GateDecision(admit, saving, cost, useful,

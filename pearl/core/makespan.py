@@ -460,6 +460,28 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
     return total
 
 
+def colocated_makespan_idle_bound(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, batch: int,
+                                  n_workers: F64) -> F64:
+    """``colocated_makespan`` bounded by every smaller pool's: a colocated pool may leave workers
+    idle, so ``M*(N) = min_{1 <= n <= N} M(n)`` (over a grid of 16 pools per octave below each
+    ``N``, and ``N`` itself). Why (session 9): with the tail factor read at each pool's load
+    (``WorkloadProfile.tail_factor_at``) a bigger pool has a larger ``rho``; where the mean
+    trajectory has flattened out (the latency floor) ``rho(B/N) T_mean(N)`` can rise with ``N``,
+    and the gates would read adding workers as a slowdown. On profiles fitted from telemetry the
+    measured loads gave a decreasing curve (Qwen3-30B-A3B, 4-40 workers); the bound is for noisy
+    or extrapolated tables. Only needed when ``wl.tail_varies_with_load`` (else ``rho`` is one
+    number and the curve decreases by itself); ``decide`` applies it then."""
+    n = np.asarray(n_workers, dtype=np.float64).reshape(-1)
+    top = float(max(n.max(), 1.0))
+    octaves = math.log2(top)
+    grid = np.unique(np.concatenate([2.0 ** np.linspace(0.0, octaves, max(int(16 * octaves), 1) + 1), n]))
+    grid = grid[grid >= 1.0]
+    best = np.minimum.accumulate(colocated_makespan(hw, st, wl, batch, grid))
+    idx = np.searchsorted(grid, n, side="right") - 1
+    out: F64 = np.where(idx >= 0, best[np.maximum(idx, 0)], colocated_makespan(hw, st, wl, batch, n))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class DisaggResult:
     makespan_s: F64

@@ -399,9 +399,9 @@ class WorkloadProfile:
     #: fraction of colocated turns (k >= 2) served away from the worker that holds their prefix
     #: cache (cost-aware moves, interruptions): ``colocated_view``
     moved_share: float = 0.0
-    #: the tail factor per colocated load (session 9): ``(bucket, log2 m0, rho)`` per load bucket
-    #: seen, ``m0`` = trajectories per worker, both EMA-blended; ``tail_factor_at``
-    tail_by_load: tuple[tuple[int, float, float], ...] = ()
+    #: the tail factor per colocated load (session 9): ``(bucket, log2 m0, rho, windows)`` per
+    #: load bucket seen, ``m0`` = trajectories per worker, both EMA-blended; ``tail_factor_at``
+    tail_by_load: tuple[tuple[int, float, float, int], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.survival)
@@ -413,9 +413,15 @@ class WorkloadProfile:
     def max_turns(self) -> int:
         return len(self.survival)
 
+    @property
+    def tail_varies_with_load(self) -> bool:
+        """Whether ``tail_factor_at`` differs between loads (two buckets in use)."""
+        return self.tail_factor is not None and sum(
+            1 for t in self.tail_by_load if t[3] >= TAIL_LOAD_MIN_WINDOWS) >= 2
+
     def tail_factor_at(self, m0: npt.ArrayLike) -> npt.NDArray[np.float64] | None:
         """The tail factor ``rho`` of a colocated batch with ``m0 = B / N`` trajectories per worker
-        (array in, array out; None while no tail factor has been measured).
+        (array in, array out; None while no tail factor has been measured: ``tail_factor``).
 
         Measured (session 9, emulator, ``paper`` workload, B = 64, fixed colocated pools, mean of
         8 batches each): rho falls as the per-worker load grows,
@@ -429,23 +435,25 @@ class WorkloadProfile:
         averages out, so durations spread less and the slowest lies closer to the mean; on a
         lightly loaded worker a trajectory's own turn count, response lengths and test runs set
         its duration. One ``tail_factor`` for every pool size put an elastic run's predictions
-        out by the difference: on Qwen3-30B-A3B (segment like-12) the batches on 4 workers
-        pulled the EMA to ~1.15 while the 16-worker batches ran at 1.16-1.33, and the batch-start
-        prediction was low by 9 % (median).
+        out by the difference: on Qwen3-30B-A3B (segment like-12) the windows on 4 workers
+        (1.10-1.13) pulled the EMA to 1.11-1.15 while the 16-worker windows ran at 1.16-1.33.
 
-        Estimator: piecewise linear in ``log2 m0`` through the loads observed (``tail_by_load``,
-        ``fit_workload``), flat beyond the outermost ones. Modelling choice: no slope is assumed
-        where nothing was observed, so with one load seen (a fixed pool) every pool size gets that
-        load's rho, as before session 9; the table above is not built in."""
-        if not self.tail_by_load:
-            if self.tail_factor is None:
-                return None
+        Estimator: the buckets of ``tail_by_load`` seen in at least ``TAIL_LOAD_MIN_WINDOWS``
+        windows (one window's rho is the max over one batch: sd up to 0.09 at B = 64), made
+        non-increasing in ``m0`` (weighted pool-adjacent-violators: the mechanism above; a single
+        noisy bucket must not invert it), then piecewise linear in ``log2 m0``, flat beyond the
+        outermost. Without such a bucket, ``tail_factor`` (the EMA over every window). Modelling
+        choices: no slope is assumed where nothing was observed, so with one load seen (a fixed
+        pool) every pool size gets that load's rho, as before session 9; the table above is not
+        built in."""
+        if self.tail_factor is None:
+            return None
+        used = [(x, y, n) for _b, x, y, n in self.tail_by_load if n >= TAIL_LOAD_MIN_WINDOWS]
+        if not used:
             return np.full(np.shape(m0), self.tail_factor, dtype=np.float64)
-        xs = np.asarray([t[1] for t in self.tail_by_load], dtype=np.float64)
-        ys = np.asarray([t[2] for t in self.tail_by_load], dtype=np.float64)
-        order = np.argsort(xs)
+        xs, ys = _non_increasing(sorted(used))
         q = np.log2(np.maximum(np.asarray(m0, dtype=np.float64), 1e-9))
-        return np.asarray(np.interp(q, xs[order], ys[order]), dtype=np.float64)
+        return np.asarray(np.interp(q, xs, ys), dtype=np.float64)
 
     def colocated_view(self) -> WorkloadProfile:
         """The per-turn tokens a colocated pool under the router's affinity actually prefills:
@@ -638,19 +646,21 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
 
 #: width of a ``tail_by_load`` bucket in log2 of the per-worker load (0.5: a factor of 1.41)
 TAIL_LOAD_BUCKET = 0.5
+#: windows a bucket needs before ``tail_factor_at`` uses it
+TAIL_LOAD_MIN_WINDOWS = 2
 #: a window's colocated share of records below which it does not update ``tail_by_load``
 TAIL_LOAD_MIN_COLOCATED = 0.8
 
 
 def _colocated_load(recs: Sequence[TelemetryRecord]) -> float | None:
-    """Trajectories per worker ``m0 = A / N_eff`` of a colocated window: ``A`` its whole
-    trajectories, ``N_eff = (sum_w n_w)^2 / sum_w n_w^2`` the participation ratio of the workers'
-    turn counts ``n_w`` (= N for a balanced pool; a worker that served few turns - a pool grown
-    for the tail, a worker that left early - counts for its share). None if under
-    ``TAIL_LOAD_MIN_COLOCATED`` of the records are colocated (a P:D split's tail is modelled by
-    its slowest paths, not rho), a record lacks its worker, or too few trajectories were whole."""
-    whole = len(_durations(recs))
-    if whole < MIN_TRAJECTORIES_FOR_TAIL or not recs:
+    """Trajectories per worker ``m0 = A / N_eff`` of a colocated window: ``A`` the distinct
+    trajectories its colocated records belong to (about B: the query side is ``B / N``),
+    ``N_eff = (sum_w n_w)^2 / sum_w n_w^2`` the participation ratio of the workers' turn counts
+    ``n_w`` (= N for a balanced pool; a worker that served few turns - a pool grown for the tail,
+    a worker that left early - counts for its share). None if under ``TAIL_LOAD_MIN_COLOCATED``
+    of the records are colocated (a P:D split's tail is modelled by its slowest paths, not rho),
+    a record lacks its worker, or too few trajectories were seen whole (no rho to file)."""
+    if len(_durations(recs)) < MIN_TRAJECTORIES_FOR_TAIL or not recs:
         return None
     coloc = [r for r in recs if r.mode == "colocated"]
     if len(coloc) < TAIL_LOAD_MIN_COLOCATED * len(recs) or any(not r.worker_id for r in coloc):
@@ -659,20 +669,36 @@ def _colocated_load(recs: Sequence[TelemetryRecord]) -> float | None:
     for r in coloc:
         per[r.worker_id] += 1
     n_eff = sum(per.values()) ** 2 / sum(v * v for v in per.values())
-    return max(whole / n_eff, 1.0)
+    return max(len({r.traj_id for r in coloc}) / n_eff, 1.0)
 
 
-def _blend_tail_by_load(table: tuple[tuple[int, float, float], ...], log_m0: float, rho: float,
-                        alpha: float) -> tuple[tuple[int, float, float], ...]:
-    """EMA-blend one window's ``(log2 m0, rho)`` into its bucket (a new bucket takes it as is)."""
+def _blend_tail_by_load(table: tuple[tuple[int, float, float, int], ...], log_m0: float, rho: float,
+                        alpha: float) -> tuple[tuple[int, float, float, int], ...]:
+    """EMA-blend one window's ``(log2 m0, rho)`` into its bucket (a new bucket takes it as is) and
+    count the window."""
     b = round(log_m0 / TAIL_LOAD_BUCKET)
-    out = {k: (x, y) for k, x, y in table}
+    out = {k: (x, y, n) for k, x, y, n in table}
     if b in out:
-        x, y = out[b]
-        out[b] = (x + alpha * (log_m0 - x), y + alpha * (rho - y))
+        x, y, n = out[b]
+        out[b] = (x + alpha * (log_m0 - x), y + alpha * (rho - y), n + 1)
     else:
-        out[b] = (log_m0, rho)
-    return tuple(sorted((k, x, y) for k, (x, y) in out.items()))
+        out[b] = (log_m0, rho, 1)
+    return tuple(sorted((k, x, y, n) for k, (x, y, n) in out.items()))
+
+
+def _non_increasing(pts: Sequence[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
+    """Weighted pool-adjacent-violators fit of ``(x, y, weight)`` sorted by x: the closest
+    (least squares) non-increasing y. Returns (xs, fitted ys)."""
+    blocks: list[list[float]] = []  # [sum w*y, sum w, count]
+    for _x, y, w in pts:
+        blocks.append([w * y, float(w), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            sy, sw, c = blocks.pop()
+            blocks[-1][0] += sy
+            blocks[-1][1] += sw
+            blocks[-1][2] += c
+    ys = [b[0] / b[1] for b in blocks for _ in range(int(b[2]))]
+    return [p[0] for p in pts], ys
 
 
 def _kept_share(by_turn: dict[int, list[TelemetryRecord]]) -> dict[int, float]:

@@ -95,6 +95,14 @@ def test_gate_decisions_are_counted_per_gate_and_outcome(result: dict[str, Any])
     for per in pearl["gates"].values():
         assert set(per) <= names and "ungated" not in per
     assert pearl["gates"]["borrow"].get("admitted", 0) == pearl["reconfigurations"].get("borrow", 0)
+    # with 64 trajectories on the 4 reserved workers borrowing pays at least once: the admitted
+    # decisions are the borrows made (B = 16 above leaves the pool at its latency floor: r ~ 1)
+    cfg = load_config("qwen3-8b-h200", {**SMALL, "workload.batch_size": 64})
+    tl = gpu_timeline(Trace("t", 120.0, (0, 4, 4, 2, 2, 6, 6, 6)), cfg.cluster)
+    big = run_simulation(cfg, tl, [SYSTEMS["pearl"]])["systems"]["pearl"]
+    assert big["gates"]["borrow"].get("admitted", 0) >= 1
+    assert big["gates"]["borrow"]["admitted"] == big["reconfigurations"]["borrow"]
+    assert big["gates"]["expansion"].get("admitted", 0) == big["reconfigurations"].get("expansion_started", 0)
 
 
 def test_series_for_report(result: dict[str, Any]) -> None:
