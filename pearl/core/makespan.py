@@ -227,6 +227,8 @@ from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 STAGES = 8
 ITERATIONS = 12
+#: ``colocated_makespan_idle_bound`` checks every whole pool up to this size (then a geometric grid)
+IDLE_BOUND_EXACT = 64.0
 U_CAP_COLOCATED = 0.95
 
 F64 = npt.NDArray[np.float64]
@@ -463,23 +465,34 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
 def colocated_makespan_idle_bound(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, batch: int,
                                   n_workers: F64) -> F64:
     """``colocated_makespan`` bounded by every smaller pool's: a colocated pool may leave workers
-    idle, so ``M*(N) = min_{1 <= n <= N} M(n)`` (over a grid of 16 pools per octave below each
-    ``N``, and ``N`` itself). Why (session 9): with the tail factor read at each pool's load
-    (``WorkloadProfile.tail_factor_at``) a bigger pool has a larger ``rho``; where the mean
-    trajectory has flattened out (the latency floor) ``rho(B/N) T_mean(N)`` can rise with ``N``,
-    and the gates would read adding workers as a slowdown. On profiles fitted from telemetry the
-    measured loads gave a decreasing curve (Qwen3-30B-A3B, 4-40 workers); the bound is for noisy
-    or extrapolated tables. Only needed when ``wl.tail_varies_with_load`` (else ``rho`` is one
-    number and the curve decreases by itself); ``decide`` applies it then."""
-    n = np.asarray(n_workers, dtype=np.float64).reshape(-1)
-    top = float(max(n.max(), 1.0))
-    octaves = math.log2(top)
-    grid = np.unique(np.concatenate([2.0 ** np.linspace(0.0, octaves, max(int(16 * octaves), 1) + 1), n]))
-    grid = grid[grid >= 1.0]
-    best = np.minimum.accumulate(colocated_makespan(hw, st, wl, batch, grid))
-    idx = np.searchsorted(grid, n, side="right") - 1
-    out: F64 = np.where(idx >= 0, best[np.maximum(idx, 0)], colocated_makespan(hw, st, wl, batch, n))
+    idle, so ``M*(N) = min_{1 <= n <= N} M(n)`` (over every whole pool up to ``IDLE_BOUND_EXACT``
+    workers, 16 pools per octave above, and ``N`` itself: exact below 64 workers). Why (session
+    9): with the tail factor read at each pool's load (``WorkloadProfile.tail_factor_at``) a
+    bigger pool has a larger ``rho``; where the mean trajectory has flattened out (the latency
+    floor) ``rho(B/N) T_mean(N)`` can rise with ``N``, and the gates would read adding workers as
+    a slowdown. On profiles fitted from telemetry the measured loads gave a decreasing curve
+    (Qwen3-30B-A3B, 4-40 workers); the bound is for noisy or extrapolated tables. Only needed
+    when ``wl.tail_varies_with_load`` (else ``rho`` is one number and the curve decreases by
+    itself); ``decide`` applies it then. The grid's running minimum is cached per profiles and
+    pool size (the runtime asks for many pool sizes between two refits)."""
+    n = np.maximum(np.asarray(n_workers, dtype=np.float64).reshape(-1), 1.0)
+    grid, best = _idle_bound_curve(hw, wl, batch, 1 << max(math.ceil(math.log2(float(n.max()))), 0))
+    idx = np.searchsorted(grid, n, side="right") - 1  # grid[0] = 1 <= n
+    out: F64 = np.minimum(best[idx], colocated_makespan(hw, st, wl, batch, n))
     return out
+
+
+@functools.lru_cache(maxsize=32)
+def _idle_bound_curve(hw: HardwareProfile, wl: WorkloadProfile, batch: int, top: int) -> tuple[F64, F64]:
+    """(grid of pools 1..top, running minimum of the colocated makespan over it)."""
+    ints = np.arange(1.0, min(float(top), IDLE_BOUND_EXACT) + 1.0)
+    octaves = math.log2(max(top / IDLE_BOUND_EXACT, 1.0))
+    geo = IDLE_BOUND_EXACT * 2.0 ** np.linspace(0.0, octaves, int(16 * octaves) + 1) if octaves > 0 else ints[:0]
+    grid = np.unique(np.concatenate([ints, geo]))
+    best = np.minimum.accumulate(colocated_makespan(hw, Stages.of(wl), wl, batch, grid))
+    grid.setflags(write=False)
+    best.setflags(write=False)
+    return grid, best
 
 
 @dataclass(frozen=True, slots=True)
