@@ -250,7 +250,9 @@ class Stages:
     def path(self, wl: WorkloadProfile, batch: int) -> tuple[F64, float]:
         """(per-group turn weights, factor): the makespan is ``factor * sum(weights * C)``.
         With ``wl.tail_factor``: weights = sum of S(k) over the group (the mean trajectory),
-        factor = rho; without: the reach weights R_k and factor 1 (module docstring)."""
+        factor = rho (``colocated_makespan`` replaces it with rho at each pool's load,
+        ``WorkloadProfile.tail_factor_at``); without: the reach weights R_k and factor 1 (module
+        docstring)."""
         if wl.tail_factor is None or not self.surv:
             return self.reach(batch), 1.0
         w = np.asarray([sum(g) for g in self.surv], dtype=np.float64).reshape(1, -1)

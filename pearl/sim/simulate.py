@@ -290,8 +290,7 @@ def gate_outcomes(log: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]
     gate's replays inside batch-start predictions are not decisions and are not in the log."""
     out: dict[str, dict[str, int]] = {}
     for g in log:
-        kind = str(g.get("kind", "?"))
-        outcome = str(g.get("outcome", "admitted" if g.get("admit") else "declined"))
+        kind, outcome = str(g["kind"]), str(g["outcome"])  # ``GateDecision.to_dict`` + the gate's kind
         per = out.setdefault(kind, {})
         per[outcome] = per.get(outcome, 0) + 1
     return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
