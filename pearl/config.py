@@ -199,6 +199,9 @@ class PolicySpec(_Strict):
     initial_deactivation_s: float = Field(default=3.8, ge=0, description="prior return cost (paper: 3.2-4.4 s)")
     initial_expansion_prep_s: float = Field(default=61.0, ge=0, description="prior expansion preparation (paper: 56-67 s)")
     initial_expansion_final_s: float = Field(default=14.0, ge=0, description="prior expansion finalisation (paper: 11-18 s)")
+    initial_weight_sync_s: float = Field(
+        default=2.0, ge=0, description="prior pause of an in-place weight sync after a training step (pause, "
+        "abort, load, resume; refined from the observed syncs; the batch-start prediction adds it)")
     max_staleness: int = Field(default=1, ge=0, description="max weight versions a trajectory may lag the trainer")
     profile_ema_alpha: float = Field(default=0.5, gt=0, le=1, description="EMA weight of a new profile fit")
     affinity: Literal["cost", "slack"] = Field(

@@ -61,6 +61,7 @@ class CostKind(StrEnum):
     DEACTIVATION = "deactivation"
     EXPANSION_PREP = "expansion_prep"
     EXPANSION_FINAL = "expansion_final"
+    WEIGHT_SYNC = "weight_sync"  # the pause of an in-place weight sync (batch-start prediction)
 
 
 class _GatePolicy(Protocol):
@@ -78,6 +79,7 @@ class CostModel:
     deactivation_s: float = 3.8
     expansion_prep_s: float = 61.0
     expansion_final_s: float = 14.0
+    weight_sync_s: float = 2.0
     alpha: float = 0.3
     observations: int = 0
 
@@ -94,6 +96,7 @@ class CostModel:
             "deactivation_s": round(self.deactivation_s, 3),
             "expansion_prep_s": round(self.expansion_prep_s, 3),
             "expansion_final_s": round(self.expansion_final_s, 3),
+            "weight_sync_s": round(self.weight_sync_s, 3),
         }
 
 

@@ -243,7 +243,11 @@ class Controller:
         self._weights = (version, path or f"emulated://v{version}")
         self.train_steps = max(self.train_steps, version)
         self.pipeline.set_trainer_version(version)
+        mid_batch = self.pipeline.remaining_trajectories() > 0 and bool(self.pipeline.router.workers)
+        t0 = self.clock.now()
         await self.pipeline.sync_weights(*self._weights)
+        if mid_batch:  # the pause a batch in flight saw (the batch-start prediction adds it)
+            self.elastic.observe_weight_sync(self.clock.now() - t0)
 
     async def _train_loop(self) -> None:
         assert self.trainer is not None

@@ -95,7 +95,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
     training step estimate follows the observed spans."""
     from pearl.core.affinity import effective_slack, typical_turn
     from pearl.core.events import TrainingFinished, TrainingStarted
-    from pearl.core.makespan import compose_makespan, sticky_pool
+    from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
 
     async def main():
         clock = LoopClock()
@@ -126,15 +126,27 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
         m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
         d_ret, d_act = el.costs.deactivation_s, el.costs.activation_s
-        want = compose_makespan([(0.0, m_cur), (d_ret, el.predicted(2)), (d_ret + el.train_step_s + d_act, m_back)])
+        schedule = [(0.0, m_cur), (d_ret, el.predicted(2)), (d_ret + el.train_step_s + d_act, m_back)]
+        pools = compose_makespan(schedule)
+        # the step's weight sync lands inside the batch, on the 2 workers left after the return
+        t_sync = d_ret + el.train_step_s
+        d = el.decision
+        assert t_sync < pools
+        prog = batch_progress(schedule, t_sync)
+        if d.target.mode.value == "colocated":
+            stall = sync_stall_s(d.hw, d.wl.colocated_view(), d.batch, prog, 2.0, el.costs.weight_sync_s)
+        else:  # its prefill pool, shrunk in proportion to the 2 of 4 workers left
+            stall = sync_stall_s(d.hw, d.wl, d.batch, prog, max(d.target.n_prefill * 2 / 4, 1.0),
+                                 el.costs.weight_sync_s, disaggregated=True)
         no_wait = el.batch_prediction(trainer_waits=False)
         await ctl.stop()
-        return got, want, m_cur, no_wait
+        return got, pools, stall, m_cur, no_wait
 
-    got, want, m_cur, no_wait = run_virtual(main())
-    assert got == pytest.approx(want)
+    got, pools, stall, m_cur, no_wait = run_virtual(main())
+    assert stall > 2.0  # the pause, and a re-prefill burst on top
+    assert got == pytest.approx(pools + stall)
     assert got > m_cur  # the lent half of the pool leaves for the training step
-    assert no_wait == m_cur  # no batch for the trainer: nothing returns
+    assert no_wait == m_cur  # no batch for the trainer: nothing returns, nothing syncs
 
 
 def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None:
@@ -219,3 +231,44 @@ def test_remaining_time_integrates_progress_over_the_decisions_in_force() -> Non
     assert one == pytest.approx((1 - 100.0 / 400.0) * m0)  # one decision: M - elapsed scaled to M_now
     assert two == pytest.approx((1 - 100.0 / 400.0 - 50.0 / 200.0) * 200.0)  # 100 s, not M - elapsed = 50 s
     assert three == pytest.approx(running / 8 * 200.0)
+
+
+def test_weight_sync_pause_is_measured_and_only_a_trainer_brings_syncs() -> None:
+    """A sync that lands while a batch runs is timed (``Controller.publish`` ->
+    ``ElasticScheduler.observe_weight_sync``, EMA ``CostModel.weight_sync_s``); a controller that
+    never saw a training step adds no sync to its batch-start prediction."""
+    from pearl.sim.trainer import EmulatedTrainer
+
+    async def main(with_trainer: bool):
+        clock = LoopClock()
+        cfg = config(**{"workload.batch_size": 8, "workload.group_size": 4, "cluster.reserved_gpus": 2,
+                        "cluster.training_gpus": 0, "cluster.max_preemptible_gpus": 0,
+                        "train.step_time_s": 20.0, "emulator.weight_update_s": 6.0,
+                        "policy.initial_weight_sync_s": 2.0, "policy.cost_ema_alpha": 0.5,
+                        "policy.max_staleness": 1 if with_trainer else 3})  # no trainer: no version ever
+
+        def factory(spec: SessionSpec) -> ScriptedSession:
+            return ScriptedSession(spec, clock, turns=4, response=200, env_s=15.0)
+
+        ctl = Controller(cfg, engine(clock, cfg), factory, clock=clock, max_batches=3)
+        await ctl.start()
+        trainer = EmulatedTrainer(clock, cfg.train.step_time_s, ctl.take_batch, ctl.notify,
+                                  lambda v: ctl.publish(v, None))
+        if with_trainer:
+            trainer.start()
+        await ctl.wait_batches(3)
+        el = ctl.elastic
+        d = el.decide(el.decision.n_workers, el.allocation)
+        pred = el.batch_prediction(trainer_waits=True)
+        await trainer.stop()
+        await ctl.stop()
+        return el.costs.weight_sync_s, el.trainings_seen, pred, d.predicted_makespan_s, ctl.pipeline.stats.weight_syncs
+
+    sync_s, seen, pred, m_cur, syncs = run_virtual(main(True))
+    assert seen >= 2 and syncs >= 2
+    assert 4.0 < sync_s <= 6.5  # from the 2-s prior towards the emulator's 6-s load (+ the drain)
+    assert pred > m_cur + sync_s  # the pause and the re-prefill burst: the step ends inside the batch
+
+    sync_s, seen, pred, m_cur, syncs = run_virtual(main(False))
+    assert seen == 0 and syncs == 0 and sync_s == 2.0
+    assert pred == m_cur
