@@ -319,7 +319,8 @@ class Controller:
     # ------------------------------------------------------------------ reports
     def summary(self) -> dict[str, Any]:
         """Counters for reports (the simulator folds these into its JSON)."""
-        errs = [abs(p - o) / o for p, o in self.batch_predictions if o > 0]
+        signed = [(p - o) / o for p, o in self.batch_predictions if o > 0 and math.isfinite(p)]
+        errs = [abs(e) for e in signed]
         return {
             "rollout_steps": self.pipeline.stats.rollout_step,
             "train_steps": self.train_steps,
@@ -327,6 +328,7 @@ class Controller:
             "interruptions": self.pipeline.stats.interruptions,
             "reconfigurations": dict(self.elastic.reconfigurations),
             "makespan_prediction_error": median(errs) if errs else None,
+            "makespan_prediction_bias": median(signed) if signed else None,
             "batch_predictions": [{"predicted_s": p, "observed_s": o} for p, o in self.batch_predictions],
             "shrinks": list(self.elastic.shrinks),
             "returns": [r.to_dict() for r in self.toggle.returns],

@@ -43,6 +43,8 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
                               decision in force composed with the borrow / return schedule known
                               then, ``ElasticScheduler.batch_prediction``; session 4),
                               observed = that batch's makespan in the emulator
+    makespan_prediction_bias  median (predicted - observed) / observed, the same batches: its sign
+                              says whether the predictor runs short (< 0) or long (session 10)
     interruptions, sim_events, sim_events_per_s, wall_s, role_hours
     router_moves              turns that left their previous worker: {"slack": past affinity_slack,
                               "cost": by the cost-aware rule} (pearl/core/affinity.py)
@@ -344,6 +346,8 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
                            for k, v in raw["resume_prefill"].items()},
         "makespan_prediction_error": (None if summ["makespan_prediction_error"] is None
                                       else round(summ["makespan_prediction_error"], 4)),
+        "makespan_prediction_bias": (None if summ["makespan_prediction_bias"] is None
+                                     else round(summ["makespan_prediction_bias"], 4)),
         "makespan_prediction_error_steady": _steady_error(raw)[0],
         "steady_batches": _steady_error(raw)[1],
         "makespan_prediction_error_piecewise": _piecewise_error(raw)[0],
