@@ -639,9 +639,11 @@ def sync_stall_s(hw: HardwareProfile, wl: WorkloadProfile, batch: int, progress:
 
     ``m = max(B_s / per_worker_div, 1)`` (``per_worker_div``: the colocated pool, or the prefill
     pool), ``L_s = x_s + c_s + o_s / 2``, ``pause`` the measured pause (EMA of
-    ``sync_weights`` spans). Measured on the emulator (16 colocated workers, ``paper`` workload,
-    B = 64, 8 batches with the trainer against the same run with the sync skipped): the sync cost
-    5.4 s per batch on Qwen3-30B-A3B and 6.7 s on Qwen3-8B (2.0 / 2.1 % of the makespan).
+    ``sync_weights`` spans). Measured on the emulator (16 fixed colocated workers, ``paper``
+    workload, B = 64, one hour of the volatile segment with the trainer: 13 / 11 batches, against
+    the same run with the sync skipped): the sync cost 5.4 s per batch on Qwen3-30B-A3B and 6.7 s
+    on Qwen3-8B (2.0 / 2.1 % of the makespan); this formula gives 6.1 s (the sync at ~74 % of
+    the batch) and 6.6 s (~50 %) on the profiles those runs fitted.
     Modelling choices: the burst is charged whole to the slowest trajectory (colocated), the
     stage is read by turns, not time, and the stall is not stretched by the tail factor."""
     st = Stages.of(wl)
