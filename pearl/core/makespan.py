@@ -255,8 +255,14 @@ class Stages:
         docstring)."""
         if wl.tail_factor is None or not self.surv:
             return self.reach(batch), 1.0
-        w = np.asarray([sum(g) for g in self.surv], dtype=np.float64).reshape(1, -1)
-        return w, max(wl.tail_factor, 1.0)
+        return self.mean_path(), max(wl.tail_factor, 1.0)
+
+    def mean_path(self) -> F64:
+        """Per group: sum over its turns of S(k), the turns the mean trajectory runs in it (the
+        group's turn count without a survival); shape (1, S)."""
+        if not self.surv:
+            return self.turns
+        return np.asarray([sum(g) for g in self.surv], dtype=np.float64).reshape(1, -1)
 
     def reach(self, batch: int) -> F64:
         """Per group: sum over its turns of R_k = 1 - (1 - S(k))^B (expected turns of the batch's
@@ -647,7 +653,7 @@ def sync_stall_s(hw: HardwareProfile, wl: WorkloadProfile, batch: int, progress:
     Modelling choices: the burst is charged whole to the slowest trajectory (colocated), the
     stage is read by turns, not time, and the stall is not stretched by the tail factor."""
     st = Stages.of(wl)
-    w = np.asarray([sum(g) for g in st.surv], dtype=np.float64) if st.surv else st.turns[0]
+    w = st.mean_path()[0]
     if w.size == 0 or float(w.sum()) <= 0:
         return max(pause_s, 0.0)
     cum = np.cumsum(w) / float(w.sum())

@@ -370,45 +370,43 @@ class ElasticScheduler:
         m_cur = d.predicted_makespan_s
         if not math.isfinite(m_cur) or m_cur <= 0:
             return m_cur
-        schedule: list[tuple[float, float]] = [(0.0, m_cur)]
-        pools: list[tuple[float, int]] = [(0.0, d.n_workers)]
-        m_hat = self._pool_schedule(d, trainer_waits, schedule, pools)
+        m_hat, segments = self._pool_schedule(d, trainer_waits)
         if not (math.isfinite(m_hat) and m_hat > 0):
             return m_hat
-        return m_hat + self._sync_stall(d, trainer_waits, schedule, pools, m_hat)
+        return m_hat + self._sync_stall(d, trainer_waits, segments, m_hat)
 
     def observe_weight_sync(self, seconds: float) -> None:
         """A weight sync paused a batch in flight for ``seconds`` (EMA ``CostModel.weight_sync_s``)."""
         self.costs = self.costs.observe(CostKind.WEIGHT_SYNC, seconds)
 
-    def _sync_stall(self, d: Decision, trainer_waits: bool, schedule: list[tuple[float, float]],
-                    pools: list[tuple[float, int]], m_hat: float) -> float:
+    def _sync_stall(self, d: Decision, trainer_waits: bool, segments: list[tuple[float, float, int]],
+                    m_hat: float) -> float:
         """The weight sync that ends the training step started at this batch's start, if it lands
         inside the batch (``makespan.sync_stall_s``): at ``t_s = d_ret + T`` (``d_ret`` only when
         overlap GPUs are lent: the step waits for their return), on the pool in force then. Only
         once a training step has been seen (a controller without a trainer never syncs)."""
         if not (trainer_waits and self.trainings_seen and d.hw is not None and d.wl is not None):
             return 0.0
-        lent = bool(self.toggle.borrowed and self.toggle.overlap_gpus())
-        t_s = (self.costs.deactivation_s if lent else 0.0) + self.train_step_s
+        t_s = (self.costs.deactivation_s if self._lent_workers(d.n_workers) else 0.0) + self.train_step_s
         if t_s >= m_hat:
             return 0.0
-        n_s = next((n for t, n in reversed(pools) if t <= t_s), d.n_workers)
-        prog = batch_progress(schedule, t_s)
+        n_s = next((n for t, _m, n in reversed(segments) if t <= t_s), d.n_workers)
+        prog = batch_progress([(t, m) for t, m, _n in segments], t_s)
         if d.target.mode is Mode.DISAGGREGATED:
             div = max(d.target.n_prefill * n_s / max(d.n_workers, 1), 1.0)
             return sync_stall_s(d.hw, d.wl, d.batch, prog, div, self.costs.weight_sync_s, disaggregated=True)
         return sync_stall_s(d.hw, d.wl.colocated_view(), d.batch, prog, float(n_s), self.costs.weight_sync_s)
 
-    def _pool_schedule(self, d: Decision, trainer_waits: bool, schedule: list[tuple[float, float]],
-                       pools: list[tuple[float, int]]) -> float:
-        """``batch_prediction``'s composition of the known pool changes; appends each allocation
-        in force to ``schedule`` (offset, makespan) and its worker count to ``pools``."""
+    def _pool_schedule(self, d: Decision, trainer_waits: bool) -> tuple[float, list[tuple[float, float, int]]]:
+        """``batch_prediction``'s composition of the known pool changes: the composed makespan and
+        the allocations in force, ``(offset, makespan, workers)`` from ``(0, M_cur, N)`` on."""
         m_cur = d.predicted_makespan_s
         n = d.n_workers
+        segments = [(0.0, m_cur, n)]
         changes = self._known_pool_changes(trainer_waits, n)
         if not changes:
-            return m_cur
+            return m_cur, segments
+        schedule = [(0.0, m_cur)]
         n_now, n_low = n, n
         slack: float | None = None
         for t, delta, regrow in changes:
@@ -416,7 +414,7 @@ class ElasticScheduler:
                 continue
             n_now += delta
             if n_now < 1:
-                return math.inf  # the pool empties mid-batch: nothing serves it until a grant
+                return math.inf, segments  # the pool empties mid-batch: nothing serves it until a grant
             if n_now > n_low:
                 back = self.decide(n_now, self.allocation)  # the incumbent keeps its hysteresis
                 m = back.predicted_makespan_s
@@ -430,11 +428,10 @@ class ElasticScheduler:
                 m = self.predicted(n_now)
             n_low = min(n_low, n_now)
             if not (math.isfinite(m) and m > 0):
-                del schedule[1:], pools[1:]
-                return m_cur
+                return m_cur, segments[:1]
             schedule.append((t, m))
-            pools.append((t, n_now))
-        return compose_makespan(schedule)
+            segments.append((t, m, n_now))
+        return compose_makespan(schedule), segments
 
     def _regrowth_admitted(self, schedule: list[tuple[float, float]], t: float, n_now: int, n_with: int) -> bool:
         """Whether the borrow gate, evaluated when the training step ends (``t - d_act`` into the
@@ -450,13 +447,18 @@ class ElasticScheduler:
         return borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
                            self.costs, self.policy).admit
 
+    def _lent_workers(self, n: int) -> int:
+        """Workers on lent overlap GPUs that leave a pool of ``n`` when the trainer starts (0 when
+        nothing is lent or the whole pool is lent)."""
+        n_o = len(self.toggle.overlap_gpus()) // max(self.cfg.cluster.tp_size, 1) if self.toggle.borrowed else 0
+        return n_o if 0 < n_o < n else 0
+
     def _known_pool_changes(self, trainer_waits: bool, n: int) -> list[tuple[float, int, bool]]:
         """(offset from now, change in workers, is the lend's regrowth) of every pool change known
         now, in time order (``batch_prediction``)."""
-        tp = max(self.cfg.cluster.tp_size, 1)
         out: list[tuple[float, int, bool]] = []
-        n_o = len(self.toggle.overlap_gpus()) // tp if self.toggle.borrowed else 0
-        if trainer_waits and 0 < n_o < n:
+        n_o = self._lent_workers(n)
+        if trainer_waits and n_o:
             d_ret, d_act = self.costs.deactivation_s, self.costs.activation_s
             out += [(d_ret, -n_o, False), (d_ret + self.train_step_s + d_act, n_o, True)]
         now = self.clock.now()
