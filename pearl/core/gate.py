@@ -35,14 +35,27 @@ run showed to pay (the gated run counted 2.5 % fewer trajectories). Not modelled
 the requests that the return interrupts resume with a re-prefill on the dedicated workers (about
 1 s of GPU work each, docs/EXPERIMENTS.md Table 3).
 
-Expansion gate. Preemptible GPUs expected to live ``T_life`` seconds; preparation (background:
-start, load) ``c_p`` does not block rollout, finalisation ``c_f`` (weight sync, admission, re-plan)
-does::
+Expansion gate. Preemptible GPUs expected to live ``T_life`` seconds. Preparation (background:
+start, load) ``c_p`` and finalisation ``c_f`` (the new workers' weight sync, the re-plan,
+admission) both delay the new workers, so they serve ``T_useful``. What the expansion costs the
+workers already serving is the re-plan at admission: an existing worker that the plan removes,
+deactivates or gives a new role (``k`` of the ``n`` serving now) stops serving for about a
+finalisation (drain, relaunch in its new role, weight load) and its in-flight requests resume
+elsewhere::
 
     T_useful = T_life - c_p - c_f
-    saving   = T_useful * (r - 1)
-    cost     = c_f
+    saving   = T_useful * (r - 1)             rollout seconds saved (in current-speed seconds)
+    cost     = c_f * k / n                    the serving pool's stall (pool-seconds / n)
     admit  iff  T_useful > 0  and  saving > margin * cost
+
+A growth that keeps every serving worker's role (colocation growing, a split growing on the
+new GPUs only) costs the serving pool nothing: the new workers are staged off the serving path
+(``ClusterRebuilder.stage``) and admitted at once, so only ``T_useful > 0`` and ``r > 1`` gate it.
+Modelling choice: the re-roled worker's downtime is priced at the finalisation EMA ``c_f`` (one
+relaunch and weight load, as finalising a new worker is); the re-prefill of its aborted requests
+(about 1 s of GPU work each, Table 3) is not charged. Before session 11 the gate charged ``c_f``
+as the cost whatever the plan, on top of taking it off ``T_useful``: a double count for a pure
+growth, which declined re-offers of a 2-GPU grant at ``r`` = 1.01-1.016 (Fig. 8, 8K limit).
 
 With ``policy.gate_enabled = False`` both gates admit whenever ``r > 1`` (the "ungated toggle" of
 the paper's ablation).
@@ -180,10 +193,15 @@ def expansion_gate(
     expected_lifetime_s: float,
     costs: CostModel,
     policy: _GatePolicy,
+    stalled_fraction: float = 0.0,
 ) -> GateDecision:
-    """Admit preparing an expansion onto newly granted preemptible GPUs (module docstring)."""
+    """Admit preparing an expansion onto newly granted preemptible GPUs (module docstring).
+    ``stalled_fraction`` = ``k / n``: the share of the serving workers that the admission's re-plan
+    removes, deactivates or re-roles (clamped to [0, 1])."""
+    if not math.isfinite(stalled_fraction):
+        raise ValueError(f"stalled_fraction must be finite, got {stalled_fraction!r}")
     r = _speedup(makespan_now_s, makespan_with_s)
-    cost = costs.expansion_final_s
+    cost = costs.expansion_final_s * min(max(stalled_fraction, 0.0), 1.0)
     useful = expected_lifetime_s - costs.expansion_prep_s - costs.expansion_final_s
     saving = max(useful, 0.0) * (r - 1.0)
     if r <= 1.0:
@@ -193,9 +211,11 @@ def expansion_gate(
     if useful <= 0:
         return GateDecision(False, 0.0, cost, useful,
                             f"expected lifetime {expected_lifetime_s:.0f} s shorter than preparation + "
-                            f"finalisation {costs.expansion_prep_s + cost:.0f} s", GateOutcome.LIFETIME_TOO_SHORT)
+                            f"finalisation {costs.expansion_prep_s + costs.expansion_final_s:.0f} s",
+                            GateOutcome.LIFETIME_TOO_SHORT)
     admit = saving > policy.gate_margin * cost
     cmp = ">" if admit else "<="
     return GateDecision(admit, saving, cost, useful,
-                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f})",
+                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f}, "
+                        f"{stalled_fraction:.0%} of the serving workers re-planned)",
                         GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)

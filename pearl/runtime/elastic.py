@@ -594,21 +594,24 @@ class ElasticScheduler:
         n_base = n_now + pending
         n_with = n_base + len(groups)
         m_now, m_with = self.predicted(n_base), self.predicted(n_with)
-        gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
-                              self.costs, self.policy)
-        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
-        if not gate.admit:
-            self._log("expand_declined", reason=reason, gate=gate.to_dict(), gpus=[g for gs in groups for g in gs])
-            return
-        # roles for the new workers: the planner's ADD steps for the target on budget + new GPUs
+        # roles for the new workers: the planner's ADD steps for the target on budget + new GPUs;
+        # the same plan says which serving workers the admission would re-plan (the gate's cost)
         target = self.decide(n_with, self.allocation).target
-        pool = budget | {g for gs in groups for g in gs} | self.rebuilder.preparing_gpus()
+        new_gpus = {g for gs in groups for g in gs}
+        pool = budget | new_gpus | self.rebuilder.preparing_gpus()
         try:
             p = plan(self.executor.state, target, pool, self.cfg.cluster.tp_size)
         except PlanError as e:
             self._log("expand_declined", reason=reason, error=str(e))
             return
-        new_gpus = {g for gs in groups for g in gs}
+        stalled = {s.worker_id for s in p.of_kind(StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
+                   if s.worker_id in self.executor.state.workers}
+        gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
+                              self.costs, self.policy, stalled_fraction=len(stalled) / max(n_now, 1))
+        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
+        if not gate.admit:
+            self._log("expand_declined", reason=reason, gate=gate.to_dict(), gpus=sorted(new_gpus))
+            return
         members = {s.worker_id: (s.gpus, s.role) for s in p.of_kind(StepKind.ADD) if set(s.gpus) <= new_gpus}
         if not members:
             return

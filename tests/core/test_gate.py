@@ -78,6 +78,45 @@ def test_borrow_gate_saving_is_the_batch_end_difference(r: float, remaining: flo
 def test_expansion_gate_needs_lifetime_beyond_preparation() -> None:
     pol = PolicySpec()
     costs = CostModel(expansion_prep_s=60.0, expansion_final_s=15.0)
-    assert not expansion_gate(200.0, 150.0, 70.0, costs, pol).admit
+    short = expansion_gate(200.0, 150.0, 70.0, costs, pol)
+    assert not short.admit and short.outcome is GateOutcome.LIFETIME_TOO_SHORT
     ok = expansion_gate(200.0, 150.0, 3600.0, costs, pol)
     assert ok.admit and ok.useful_s == 3525.0 and ok.saving_s == pytest.approx(3525.0 / 3)
+
+
+def test_expansion_gate_pure_growth_costs_the_serving_pool_nothing() -> None:
+    """c_f delays only the new workers (it is off T_useful): a growth that re-plans no serving
+    worker is admitted at any speedup once the lifetime covers c_p + c_f. The pre-session-11
+    gate also charged c_f as a cost and declined this (saving 0.9 s <= 14 s)."""
+    pol = PolicySpec()
+    costs = CostModel(expansion_prep_s=61.0, expansion_final_s=14.0)
+    d = expansion_gate(300.0, 297.0, 165.0, costs, pol)  # r = 1.0101, T_useful = 90 s
+    assert d.admit and d.outcome is GateOutcome.ADMITTED
+    assert d.cost_s == 0.0 and d.useful_s == pytest.approx(90.0)
+    assert d.saving_s == pytest.approx(90.0 * (300.0 / 297.0 - 1.0))
+    assert not expansion_gate(300.0, 300.0, 3600.0, costs, pol).admit  # no speedup, nothing to gain
+
+
+@pytest.mark.parametrize("k,n", [(1, 8), (4, 8), (8, 8), (3, 12)])
+def test_expansion_gate_charges_the_re_planned_share_of_the_pool(k: int, n: int) -> None:
+    """cost = c_f k / n, written out; the decision flips where the saving crosses it."""
+    pol = PolicySpec()
+    c_p, c_f = 60.0, 15.0
+    costs = CostModel(expansion_prep_s=c_p, expansion_final_s=c_f)
+    want_cost = c_f * k / n
+    for life in (80.0, 90.0, 200.0, 1000.0):
+        for m_with in (290.0, 297.0, 299.5):
+            d = expansion_gate(300.0, m_with, life, costs, pol, stalled_fraction=k / n)
+            saving = (life - c_p - c_f) * (300.0 / m_with - 1.0)
+            assert d.cost_s == pytest.approx(want_cost)
+            assert d.saving_s == pytest.approx(saving)
+            assert d.admit == (saving > pol.gate_margin * want_cost)
+
+
+def test_expansion_gate_stalled_fraction_is_clamped_and_checked() -> None:
+    pol = PolicySpec()
+    costs = CostModel(expansion_prep_s=60.0, expansion_final_s=15.0)
+    assert expansion_gate(300.0, 200.0, 3600.0, costs, pol, stalled_fraction=3.0).cost_s == 15.0
+    assert expansion_gate(300.0, 200.0, 3600.0, costs, pol, stalled_fraction=-1.0).cost_s == 0.0
+    with pytest.raises(ValueError, match="stalled_fraction"):
+        expansion_gate(300.0, 200.0, 3600.0, costs, pol, stalled_fraction=float("nan"))

@@ -309,3 +309,31 @@ def test_a_dead_worker_is_removed_and_replaced_and_nothing_is_lost() -> None:
     for rec in batch:
         assert rec.response_tokens == 4 * 300
         assert [len(r) for r in sessions[rec.traj_id].seen] == [300] * 4
+
+
+def test_expansion_gate_charges_only_the_serving_workers_the_admission_re_plans() -> None:
+    """A colocated growth re-plans no serving worker: the gate's cost is 0. A growth whose target
+    re-roles the two serving colocated workers (forced here to 2P2D at 4 workers) costs the
+    finalisation EMA times the re-planned share k / n = 2 / 2 (``pearl.core.gate``)."""
+
+    async def run(overrides):
+        clock = LoopClock()
+        ctl, _eng, _ = _controller(clock, _cfg(**{"cluster.training_gpus": 0, "policy.gate_enabled": True,
+                                                  "policy.allocation_overrides": overrides}))
+        await ctl.start()
+        c_f = ctl.elastic.costs.expansion_final_s
+        await ctl.submit(_grant(["p0", "p1"], "g"))
+        grp = await _expansion_settled(ctl)
+        roles = sorted(w["role"] for w in ctl.state_dict()["workers"] if w["status"] == "active")
+        gate = [g for g in ctl.elastic.gate_log if g["kind"] == "expansion"]
+        await ctl.stop()
+        return c_f, grp, roles, gate
+
+    c_f, grp, roles, gate = run_virtual(run({2: "coloc", 4: "coloc"}))
+    assert grp.status.value == "admitted" and roles == ["colocated"] * 4
+    assert len(gate) == 1 and gate[0]["admit"] and gate[0]["cost_s"] == 0.0
+
+    c_f, grp, roles, gate = run_virtual(run({2: "coloc", 4: "2P2D"}))
+    assert roles == ["decode", "decode", "prefill", "prefill"]
+    assert len(gate) == 1 and gate[0]["cost_s"] == round(c_f, 3) and c_f > 0
+    assert "100% of the serving workers re-planned" in gate[0]["reason"]
