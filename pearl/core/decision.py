@@ -291,7 +291,6 @@ def evaluate_table(
 ) -> CandidateTable:
     """``coloc_workers``: evaluate colocation on this effective pool instead of ``n_workers`` (an
     in-flight batch after a mid-batch growth, ``makespan.sticky_pool``; module docstring, 6.)."""
-    st = Stages.of(wl)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
     wl_c = wl.colocated_view()  # colocated turns that moved prefill their whole prompt (profile.py)
     coloc_fn = colocated_makespan_idle_bound if wl_c.tail_varies_with_load else colocated_makespan
@@ -299,8 +298,9 @@ def evaluate_table(
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
-        res = disaggregated_makespan(hw, st, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
-                                     policy.max_prefill_utilization)
+        wl_p = wl.prefill_pool_view()  # a prefill worker holds the prompts, not the outputs (profile.py)
+        res = disaggregated_makespan(hw, Stages.of(wl_p), wl_p, batch, n_p.astype(np.float64),
+                                     (n_workers - n_p).astype(np.float64), policy.max_prefill_utilization)
         ms, pok, kok = res.makespan_s, res.prefill_ok, res.kv_ok
     else:
         n_p = np.zeros(0, dtype=np.int64)

@@ -69,6 +69,10 @@ principles above and telemetry calibrates its *scale*, robustly:
   P:D split's prefill pool keeps conversations, so its model takes the kept share. (Fitted on
   one cost-routed colocated batch, 8 workers, Qwen3-8B: colocation predicted 419 s for 426 s
   measured and the splits 2-3 % slow when one share counted both; with the split 426.5 s.)
+  Session 11: ``cached_tokens`` is on the colocated basis (the worker holds the previous prompt
+  and its output); a turn served disaggregated found only the previous prompt on its prefill
+  worker and is restated (``_colocated_basis``), and the P:D model reads the prefill pool's
+  share through ``WorkloadProfile.prefill_pool_view``.
 * the new fit is blended with the previous profile by an EMA of weight ``alpha`` (the workload is
   not assumed stationary, paper Sec. 5); records with NaN, infinite or negative values are
   ignored; an empty window returns the previous profile unchanged.
@@ -76,6 +80,7 @@ principles above and telemetry calibrates its *scale*, robustly:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -455,6 +460,28 @@ class WorkloadProfile:
         q = np.log2(np.maximum(np.asarray(m0, dtype=np.float64), 1e-9))
         return np.asarray(np.interp(q, xs, ys), dtype=np.float64)
 
+    def prefill_pool_view(self) -> WorkloadProfile:
+        """The per-turn tokens a P:D split's prefill workers prefill (session 11).
+
+        ``cached_tokens`` is on the colocated basis: a colocated worker holds a conversation's
+        whole context, the previous turn's prompt *and* its output (``fit_workload`` restates
+        turns served disaggregated on this basis). A prefill worker holds only the prompts it
+        prefilled: the previous output was decoded on a decode worker, whose KV is not sent back
+        (SGLang's PD prefill server caches the prompt in its radix tree; the emulator does the
+        same, ``pearl/engines/emulated.py``). With ``P_{k-1} = x_{k-1} + c_{k-1}`` the previous
+        turn's prompt and ``o_{k-1}`` its output, the cache hit scales with what is held::
+
+            c^P_k = c_k P_{k-1} / (P_{k-1} + o_{k-1}),    x^P_k = x_k + c_k - c^P_k     (k >= 2)
+
+        Exact for an ideal cache (``c_k = P_{k-1} + o_{k-1}`` gives ``c^P_k = P_{k-1}``: the
+        prefill pool recomputes the previous output and the new observation) and for the
+        emulator's proportional reuse; turn 1 and the slowest paths' first turns are uncached.
+        The slowest observed paths (``tail_paths``) are restated the same way, each from its own
+        previous turn. Modelling choice: a hit ratio ``c_k / (P_{k-1} + o_{k-1})`` that does not
+        depend on what is held (an LRU cache that evicts by recency would keep the newest part).
+        """
+        return _prefill_pool_view(self)
+
     def colocated_view(self) -> WorkloadProfile:
         """The per-turn tokens a colocated pool under the router's affinity actually prefills:
         ``cached_tokens`` is what a turn finds when it stays on its cache-holding worker
@@ -514,6 +541,46 @@ class WorkloadProfile:
         # K_seq: expected final context of a trajectory, E[ctx at its last turn] + o
         kseq = min(limit, w.system_prompt_tokens + sum(surv) * (o + obs))
         return WorkloadProfile(tuple(surv), tuple(new), tuple(cached), tuple(out), tuple(env), kseq)
+
+
+def _pd_split(x: float, c: float, prev_prompt: float, prev_out: float) -> tuple[float, float]:
+    """(x^P, c^P) of one turn from its colocated (x, c) and the previous turn's prompt / output
+    (``WorkloadProfile.prefill_pool_view``)."""
+    held = prev_prompt + prev_out
+    if held <= 0 or c <= 0:
+        return x, c
+    c_p = c * max(prev_prompt, 0.0) / held
+    return x + c - c_p, c_p
+
+
+@functools.lru_cache(maxsize=64)
+def _prefill_pool_view(wl: WorkloadProfile) -> WorkloadProfile:
+    new, cached = list(wl.new_tokens), list(wl.cached_tokens)
+    for i in range(1, len(new)):  # P_{k-1} = x + c is the same prompt on either basis
+        new[i], cached[i] = _pd_split(new[i], cached[i], wl.new_tokens[i - 1] + wl.cached_tokens[i - 1],
+                                      wl.output_tokens[i - 1])
+    paths = tuple(
+        tuple(path[:1]) + tuple((*_pd_split(x, c, path[j - 1][0] + path[j - 1][1], path[j - 1][2]), o, e)
+                                for j, (x, c, o, e) in enumerate(path) if j >= 1)
+        for path in wl.tail_paths)
+    return replace(wl, new_tokens=tuple(new), cached_tokens=tuple(cached), tail_paths=paths)
+
+
+def _colocated_basis(recs: Sequence[TelemetryRecord]) -> list[TelemetryRecord]:
+    """Turns served disaggregated restated on the colocated basis of ``cached_tokens`` (what a
+    worker holding the whole context would have found, ``WorkloadProfile.prefill_pool_view``):
+    ``c = c^P (P_{k-1} + o_{k-1}) / P_{k-1}`` from the trajectory's previous turn in the window,
+    capped at the prompt. A turn whose previous turn is not in the window is kept as measured
+    (modelling choice: rare, the window holds whole rollout steps)."""
+    by_turn = {(r.traj_id, r.turn): r for r in recs}
+    out: list[TelemetryRecord] = []
+    for r in recs:
+        prev = by_turn.get((r.traj_id, r.turn - 1)) if r.mode == "disaggregated" and r.cached_tokens > 0 else None
+        if prev is not None and prev.prompt_tokens > 0:
+            c = r.cached_tokens * (prev.prompt_tokens + prev.output_tokens) / prev.prompt_tokens
+            r = replace(r, cached_tokens=min(round(c), r.prompt_tokens))
+        out.append(r)
+    return out
 
 
 def _lognormal_params(d: _DistLike) -> tuple[float, float]:
@@ -578,7 +645,7 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     (``_tail_factor``), EMA-blended once a previous estimate exists. Turns never observed keep the prior's values; an empty or
     invalid window returns ``prior`` unchanged.
     """
-    recs = [r for r in records if r.valid() and r.turn >= 1]
+    recs = _colocated_basis([r for r in records if r.valid() and r.turn >= 1])
     if not recs:
         return prior
     by_turn: dict[int, list[TelemetryRecord]] = defaultdict(list)

@@ -154,3 +154,28 @@ def test_large_budget_is_handled(cfg30b: RunConfig, prof30b: Prof) -> None:
     hw, wl = prof30b
     d = decide(2048, 64, hw, wl, cfg30b.policy)
     assert len(d.candidates) == 2048 and d.target.n_workers == 2048
+
+
+def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
+                                                         prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """A prefill worker does not hold the outputs its conversations decoded elsewhere
+    (``WorkloadProfile.prefill_pool_view``): every split is predicted on that view, colocation on
+    the profile as fitted. With a high hit ratio the view prefills more, so the splits are slower."""
+    hw, wl = prof8b
+    hi = replace(wl, new_tokens=tuple(x + c - 0.95 * (x + c) * (i > 0) for i, (x, c) in
+                                      enumerate(zip(wl.new_tokens, wl.cached_tokens, strict=True))),
+                 cached_tokens=tuple(0.95 * (x + c) * (i > 0) for i, (x, c) in
+                                     enumerate(zip(wl.new_tokens, wl.cached_tokens, strict=True))))
+    pol = cfg8b.policy
+    cands = evaluate(8, 64, hw, hi, pol)
+    splits = [c for c in cands if c.allocation.mode is Mode.DISAGGREGATED]
+    n_p = np.array([c.allocation.n_prefill for c in splits], dtype=np.float64)
+    view = hi.prefill_pool_view()
+    want = disaggregated_makespan(hw, Stages.of(view), view, 64, n_p, 8 - n_p, pol.max_prefill_utilization)
+    raw = disaggregated_makespan(hw, Stages.of(hi), hi, 64, n_p, 8 - n_p, pol.max_prefill_utilization)
+    assert [c.makespan_s for c in splits] == pytest.approx(list(want.makespan_s))
+    assert (want.makespan_s > raw.makespan_s).all()
+    coloc = next(c for c in cands if c.allocation.mode is Mode.COLOCATED)
+    wl_c = hi.colocated_view()
+    assert coloc.makespan_s == pytest.approx(float(colocated_makespan(hw, Stages.of(wl_c), wl_c, 64,
+                                                                      np.array([8.0]))[0]))

@@ -208,3 +208,70 @@ def test_prefill_scale_is_the_service_time_not_the_shared_response_time(
     # the plain median would read the sharing as a slower worker
     ratios = sorted(r.prefill_s / hw.prefill_s(r.prompt_tokens - r.cached_tokens, r.cached_tokens) for r in recs)
     assert ratios[len(ratios) // 2] > 2.5
+
+
+def _ideal_profile(h: float = 1.0, turns: int = 6, sys_p: float = 4000.0, o: float = 500.0, obs: float = 300.0,
+                   paths: bool = True) -> WorkloadProfile:
+    """A colocated-basis profile: turn k's prompt is ``sys + (k - 1)(o + obs)`` and a worker holding
+    the conversation finds ``h`` of the previous prompt *and* output cached."""
+    prompt = [sys_p + (k - 1) * (o + obs) for k in range(1, turns + 1)]
+    cached = [0.0] + [h * (prompt[i - 1] + o) for i in range(1, turns)]
+    new = [p - c for p, c in zip(prompt, cached, strict=True)]
+    path = tuple((x, c, o, 1.0) for x, c in zip(new, cached, strict=True))
+    return WorkloadProfile(tuple(1.0 - 0.1 * i for i in range(turns)), tuple(new), tuple(cached), (o,) * turns,
+                           (1.0,) * turns, prompt[-1] + o, tail_paths=(path, path[:3]) if paths else ())
+
+
+@pytest.mark.parametrize("h", [1.0, 0.3])
+def test_prefill_pool_view_holds_the_prompts_not_the_outputs(h: float) -> None:
+    """c^P_k = c_k P_{k-1} / (P_{k-1} + o_{k-1}): with an ideal cache (h = 1) the prefill pool
+    recomputes the previous output and the new observation, x^P_k = o + obs; with proportional
+    reuse it finds h of the previous prompt. The prompt itself is unchanged, turn 1 too."""
+    o, obs = 500.0, 300.0
+    wl = _ideal_profile(h, o=o, obs=obs)
+    v = wl.prefill_pool_view()
+    prompt = [x + c for x, c in zip(wl.new_tokens, wl.cached_tokens, strict=True)]
+    assert [x + c for x, c in zip(v.new_tokens, v.cached_tokens, strict=True)] == pytest.approx(prompt)
+    assert (v.new_tokens[0], v.cached_tokens[0]) == (wl.new_tokens[0], wl.cached_tokens[0])
+    for k in range(2, len(prompt) + 1):
+        assert v.cached_tokens[k - 1] == pytest.approx(h * prompt[k - 2])
+        if h == 1.0:
+            assert v.new_tokens[k - 1] == pytest.approx(o + obs)
+    # the slowest paths are restated turn by turn from their own previous turn
+    for path, vpath in zip(wl.tail_paths, v.tail_paths, strict=True):
+        assert len(vpath) == len(path) and vpath[0] == path[0]
+        for j in range(1, len(path)):
+            assert vpath[j][1] == pytest.approx(h * (path[j - 1][0] + path[j - 1][1]))
+            assert vpath[j][0] + vpath[j][1] == pytest.approx(path[j][0] + path[j][1])
+            assert vpath[j][2:] == path[j][2:]
+    # nothing cached: nothing to restate
+    none = replace(wl, new_tokens=tuple(prompt), cached_tokens=(0.0,) * len(prompt), tail_paths=())
+    assert none.prefill_pool_view() == none
+
+
+def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
+        prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """A PD prefill worker found h of the previous prompt; the fit stores what a worker holding
+    prompt + output would have found, so the prefill-pool view gives the measured hit back."""
+    _, prior = prof8b
+    h, o, obs, sys_p = 0.5, 400, 200, 3000
+    recs = []
+    for t in range(10):
+        for k in (1, 2, 3):
+            prompt = sys_p + (k - 1) * (o + obs)
+            prev_prompt = sys_p + (k - 2) * (o + obs)
+            cached = 0 if k == 1 else round(h * prev_prompt)
+            recs.append(TelemetryRecord(f"t{t}", k, prompt, cached, o, env_s=1.0, mode="disaggregated",
+                                        final=k == 3))
+    fit = fit_workload(prior, recs, alpha=1.0)
+    assert fit.cached_tokens[1] == pytest.approx(h * (sys_p + o), abs=1)
+    assert fit.cached_tokens[2] == pytest.approx(h * (sys_p + o + obs + o), abs=1)
+    back = fit.prefill_pool_view()
+    assert back.cached_tokens[1] == pytest.approx(h * sys_p, abs=1)
+    assert back.cached_tokens[2] == pytest.approx(h * (sys_p + o + obs), abs=1)
+    # the same turns served colocated are taken as measured
+    coloc = fit_workload(prior, [replace(r, mode="colocated") for r in recs], alpha=1.0)
+    assert coloc.cached_tokens[1] == pytest.approx(h * sys_p, abs=1)
+    # a turn whose previous turn is not in the window stays as measured
+    alone = fit_workload(prior, [r for r in recs if r.turn == 2], alpha=1.0)
+    assert alone.cached_tokens[1] == pytest.approx(round(h * sys_p), abs=1)
