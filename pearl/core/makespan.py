@@ -112,7 +112,9 @@ KV memory: at most m_cap = H_max / K_seq trajectories fit on a worker; if m > m_
 (the cycle is scaled by m / m_cap).
 
 Disaggregation (N_P prefill workers, N_D decode workers with m = max(B_k / N_D, 1) trajectories
-each; m_P = B_k / N_P trajectories per prefill worker)::
+each; m_P = B_k / N_P trajectories per prefill worker). Its x and c are the prefill pool's
+(``WorkloadProfile.prefill_pool_view``, session 11): a prefill worker holds the prompts it
+prefilled but not the outputs decoded elsewhere, so it recomputes the previous turn's output::
 
     W      = W_closed(m_P, P, Z, c_s^2)        wait in one prefill worker's queue (below)
     Z      = C - W - P                         the rest of a trajectory's cycle (>= X + D + e)
