@@ -605,8 +605,9 @@ class ElasticScheduler:
         except PlanError as e:
             self._log("expand_declined", reason=reason, error=str(e))
             return
+        workers = self.executor.state.workers
         stalled = {s.worker_id for s in p.of_kind(StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
-                   if s.worker_id in self.executor.state.workers}
+                   if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
         gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
                               self.costs, self.policy, stalled_fraction=len(stalled) / max(n_now, 1))
         self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})

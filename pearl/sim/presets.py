@@ -9,11 +9,11 @@
             carry instructions, demonstrations and repository context (~12K tokens), tool calls
             (ls, grep, edit) return in ~1 s, and test runs are rarer (5 %, ~8 s). Measured in the
             emulator on fixed colocated pools (``measure_makespan``, 2 batches, Qwen3-8B on H200,
-            session 11, with the prefix reuse below and the per-update cache flush): makespan
-            675 s on 4 GPUs, 307 s on 16, 271 s on 24, 251 s on 32, 223 s on 64 (paper: ~216 s
-            with an unlimited pool; 16 -> 24 -> 32 GPUs: -10.3 %, -8.9 %; ours: -11.7 %, -7.5 %).
-            The session-1 figures that stood here (421 / 245 / 233 / 219 / 207 s, a curve flatter
-            than the paper's) predate the prefix reuse and the flush.
+            no trainer, session 11): makespan 675 s on 4 GPUs, 307 s on 16, 271 s on 24, 251 s
+            on 32, 223 s on 64 (paper: ~216 s with an unlimited pool; 16 -> 24 -> 32 GPUs:
+            -10.3 %, -8.9 %; ours: -11.7 %, -7.5 %). The figures that stood here before (421 /
+            245 / 233 / 219 / 207 s, a curve flatter than the paper's) no longer matched the
+            emulator.
 
             Prefix reuse (``emulator.prefix_reuse`` 0.3, session 2), from the paper's Sec. 3.2
             token / time split of colocated rollout (Qwen3-30B-A3B): prefill processes 96.68 % of
