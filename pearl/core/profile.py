@@ -81,6 +81,7 @@ principles above and telemetry calibrates its *scale*, robustly:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -543,27 +544,26 @@ class WorkloadProfile:
         return WorkloadProfile(tuple(surv), tuple(new), tuple(cached), tuple(out), tuple(env), kseq)
 
 
-def _pd_split(x: float, c: float, prev_prompt: float, prev_out: float) -> tuple[float, float]:
-    """(x^P, c^P) of one turn from its colocated (x, c) and the previous turn's prompt / output
-    (``WorkloadProfile.prefill_pool_view``)."""
-    held = prev_prompt + prev_out
-    if held <= 0 or c <= 0:
-        return x, c
-    c_p = c * max(prev_prompt, 0.0) / held
-    return x + c - c_p, c_p
+def _pd_restate(turns: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """``(x^P, c^P)`` per turn from the turns' colocated ``(x, c, o)`` in order: each turn's cache
+    hit scaled by the previous turn's prompt over its prompt + output
+    (``WorkloadProfile.prefill_pool_view``); the first turn as it is."""
+    out = [(x, c) for x, c, _o in turns[:1]]
+    for (px, pc, po), (x, c, _o) in itertools.pairwise(turns):
+        held = px + pc + po  # P_{k-1} = x + c is the same prompt on either basis
+        c_p = c * max(px + pc, 0.0) / held if held > 0 and c > 0 else c
+        out.append((x + c - c_p, c_p))
+    return out
 
 
 @functools.lru_cache(maxsize=64)
 def _prefill_pool_view(wl: WorkloadProfile) -> WorkloadProfile:
-    new, cached = list(wl.new_tokens), list(wl.cached_tokens)
-    for i in range(1, len(new)):  # P_{k-1} = x + c is the same prompt on either basis
-        new[i], cached[i] = _pd_split(new[i], cached[i], wl.new_tokens[i - 1] + wl.cached_tokens[i - 1],
-                                      wl.output_tokens[i - 1])
+    turns = _pd_restate(list(zip(wl.new_tokens, wl.cached_tokens, wl.output_tokens, strict=True)))
     paths = tuple(
-        tuple(path[:1]) + tuple((*_pd_split(x, c, path[j - 1][0] + path[j - 1][1], path[j - 1][2]), o, e)
-                                for j, (x, c, o, e) in enumerate(path) if j >= 1)
+        tuple((x, c, o, e) for (x, c), (_x, _c, o, e) in zip(_pd_restate([t[:3] for t in path]), path, strict=True))
         for path in wl.tail_paths)
-    return replace(wl, new_tokens=tuple(new), cached_tokens=tuple(cached), tail_paths=paths)
+    return replace(wl, new_tokens=tuple(x for x, _c in turns), cached_tokens=tuple(c for _x, c in turns),
+                   tail_paths=paths)
 
 
 def _colocated_basis(recs: Sequence[TelemetryRecord]) -> list[TelemetryRecord]:

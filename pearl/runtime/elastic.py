@@ -112,6 +112,11 @@ class _Notice:
     started: bool = False
 
 
+def _schedule(segments: list[tuple[float, float, int]]) -> list[tuple[float, float]]:
+    """``(offset, makespan)`` of ``_pool_schedule``'s segments (``compose_makespan``'s input)."""
+    return [(t, m) for t, m, _n in segments]
+
+
 class ElasticScheduler:
     def __init__(
         self,
@@ -391,7 +396,7 @@ class ElasticScheduler:
         if t_s >= m_hat:
             return 0.0
         n_s = next((n for t, _m, n in reversed(segments) if t <= t_s), d.n_workers)
-        prog = batch_progress([(t, m) for t, m, _n in segments], t_s)
+        prog = batch_progress(_schedule(segments), t_s)
         if d.target.mode is Mode.DISAGGREGATED:
             div = max(d.target.n_prefill * n_s / max(d.n_workers, 1), 1.0)
             return sync_stall_s(d.hw, d.wl.prefill_pool_view(), d.batch, prog, div, self.costs.weight_sync_s,
@@ -407,11 +412,10 @@ class ElasticScheduler:
         changes = self._known_pool_changes(trainer_waits, n)
         if not changes:
             return m_cur, segments
-        schedule = [(0.0, m_cur)]
         n_now, n_low = n, n
         slack: float | None = None
         for t, delta, regrow in changes:
-            if regrow and not self._regrowth_admitted(schedule, t, n_now, n_now + delta):
+            if regrow and not self._regrowth_admitted(_schedule(segments), t, n_now, n_now + delta):
                 continue
             n_now += delta
             if n_now < 1:
@@ -430,9 +434,8 @@ class ElasticScheduler:
             n_low = min(n_low, n_now)
             if not (math.isfinite(m) and m > 0):
                 return m_cur, segments[:1]
-            schedule.append((t, m))
             segments.append((t, m, n_now))
-        return compose_makespan(schedule), segments
+        return compose_makespan(_schedule(segments)), segments
 
     def _regrowth_admitted(self, schedule: list[tuple[float, float]], t: float, n_now: int, n_with: int) -> bool:
         """Whether the borrow gate, evaluated when the training step ends (``t - d_act`` into the
