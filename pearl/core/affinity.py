@@ -21,7 +21,7 @@ requests, the least-loaded one ``n_b < n_p``::
 
 with ``P`` the prefill cost and ``tau(n, L)`` one decode iteration of ``n`` sequences of mean
 context ``L`` (``HardwareProfile``: ``P(x, c) = a0 + a1 x + a2 x (c + x / 2)``, ``tau = b0 +
-b_e f_E(n) + b1 n + b2 n L``). For a dense model ``G = o (n_p - n_b)(b1 + b2 (L + o/2)) -
+b_e f_E(n) + b2 n L`` below the roofline's ridge). For a dense model ``G = o (n_p - n_b) b2 (L + o/2) -
 [P(L, 0) - P(L - c, c)]``: the decode saving grows with the load gap and the turn's length, the
 cost with the cached prefix.
 
@@ -30,7 +30,7 @@ Modelling choices (the paper does not route turns; these are made here):
 * **Per-turn latency, greedy.** The batch makespan is the slowest trajectory's chain of turn
   latencies, so each turn minimises its own latency. The effect on the other sequences of both
   workers (one fewer / one more in their decode batch) is not counted: for a memory-bound decode
-  it is the same ``b1 + b2 L`` per step on both sides and cancels to first order.
+  it is the same ``b2 L`` per step on both sides and cancels to first order.
 * **In-flight requests stand for the decode batch.** ``n`` is the router's load (requests routed
   and not yet finished on that worker, prefilling ones included); the router sees no engine's
   internal batch.

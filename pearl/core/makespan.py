@@ -86,7 +86,8 @@ turns by ~20 % on the emulator). Unknowns: the decode concurrency n and the cycl
 fixed-point iteration (damped, ``ITERATIONS`` rounds)::
 
     u     = min(m P / C, u_cap)                prefill share of the worker's time
-    D     = o tau(n, L) / (1 - u (m - 1) / m)  decode of o tokens, stalled by the *other*
+    n_s   = 1 + (m - 1) n / m                  the decode batch a decoding trajectory sees
+    D     = o tau(n_s, L) / (1 - u (m - 1) / m)  decode of o tokens, stalled by the *other*
                                                trajectories' prefills (own prefill precedes it)
     W     = u P / (2 (1 - u))                  wait for other trajectories' prefills (M/D/1)
     C_lat = W + P + D + e                      one trajectory's own turn (env included)
@@ -95,6 +96,16 @@ fixed-point iteration (damped, ``ITERATIONS`` rounds)::
     C     = max(C_lat, C_cap)
     n     = clip(m D / C, 1, m)                Little's law: env steps and prefill reduce the
                                                number of trajectories decoding at once
+
+Why ``n_s`` and not ``n`` (session 12, measured): ``n`` is the time-average number of the
+worker's ``m`` trajectories in decode, but a trajectory that decodes sees itself plus each of the
+other ``m - 1``, decoding with probability ``n / m`` (the inspection paradox: the batch is
+size-biased). On the emulator (Qwen3-8B, 12 colocated workers, 4 batches) the requests' observed
+decode concurrency per turn group was 4.79 / 4.75 / 4.66 / 3.94 where the model's ``n`` was
+4.60 / 4.59 / 4.53 / 3.79 and ``n_s`` gives 4.74 / 4.73 / 4.68 / 3.98. With the roofline decode
+step (``profile.py``, session 12) colocation had been predicted 2.4 % fast over 6 seeds; with
+``n_s``, 1.6 %. Not applied to a P:D split's decode pool, whose workers take each turn by least
+load (no fixed population per worker): there the observed concurrency was at or below ``n``.
 
 (Session 2 fixes, measured on the emulator: the decode stall counts only the *other*
 trajectories' prefills, ``(m - 1) / m``; and the capacity bound uses the fullest batch ``tau(m)``.
@@ -211,7 +222,8 @@ decode pool is chosen by least load, without affinity) and by the next batch.
 Modelling choices the paper leaves open, made here: M/D/1 wait for colocated prefill (prefill
 chunks are near-deterministic), one closed FCFS queue per prefill worker for the pool, full
 context transfer per turn, u_cap = 0.95 for colocation, ``STAGES`` = 8 and ``ITERATIONS`` = 12
-(at most; iteration stops once no cycle time moves by more than 1e-4 relative in a round).
+(at most; iteration stops once no cycle time and no decode concurrency moves by more than 1e-4
+relative in a round).
 """
 
 from __future__ import annotations
@@ -310,11 +322,13 @@ def _stages_cached(wl: WorkloadProfile, stages: int) -> Stages:
 
 
 def _tau(hw: HardwareProfile, n: F64, ctx: F64) -> F64:
-    """tau(n, L) = b0 + b_e (1 - (1 - k/E)^n) + n (b1 + b2 L), with (1-k/E)^n = exp(n log(1-k/E))."""
-    per_seq = n * (hw.b1 + hw.b2 * ctx)
+    """tau(n, L) = max(b0 + b_e (1 - (1 - k/E)^n) + b2 n L, a0 + n (b1 + b3 L)) (the roofline of
+    ``HardwareProfile.decode_step_s``), with (1-k/E)^n = exp(n log(1-k/E))."""
+    memory = hw.b0 + n * (hw.b2 * ctx)
     if hw.experts_frac > 0:
-        return (hw.b0 + hw.b_e) - hw.b_e * np.exp(n * math.log1p(-hw.experts_frac)) + per_seq
-    return hw.b0 + per_seq
+        memory = memory + hw.b_e * -np.expm1(n * math.log1p(-hw.experts_frac))
+    out: F64 = np.maximum(memory, hw.a0 + n * (hw.b1 + hw.b3 * ctx))
+    return out
 
 
 def _prefill(hw: HardwareProfile, x: F64, c: F64) -> F64:
@@ -327,7 +341,10 @@ def _first_prefill(hw: HardwareProfile, wl: WorkloadProfile) -> float:
 
 
 def _converged(prev: F64, cur: F64, rtol: float = 1e-4) -> bool:
-    """Stop early once no cycle time moved by more than ``rtol`` (relative) in one round."""
+    """Stop early once no cycle time (and no decode concurrency) moved by more than ``rtol``
+    (relative) in one round. Both (session 12): the first round's cycle can equal the initial
+    guess while ``n`` has moved (no prefill: both are computed at ``n = m``), and the check on the
+    cycle alone stopped there."""
     return bool((np.abs(cur - prev) <= rtol * cur).all())
 
 
@@ -454,14 +471,14 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
     c_cyc = p + st.o * _tau(hw, n, ctx) + st.e
     c_cap = m * p + st.o * _tau(hw, m, ctx)
     for _ in range(ITERATIONS):
-        tau = _tau(hw, n, ctx)
+        tau = _tau(hw, 1.0 + (m - 1.0) * n / m, ctx)  # the batch a decoding trajectory sees
         u = np.minimum(m * p / c_cyc, U_CAP_COLOCATED)
         d = st.o * tau / (1.0 - u * (m - 1.0) / m)
         w = u * p / (2.0 * (1.0 - u))
         c_lat = w + p + d + st.e
         prev, c_cyc = c_cyc, np.maximum(c_lat, c_cap)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
-        if _converged(prev, c_cyc):
+        prev_n, n = n, 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        if _converged(prev, c_cyc) and _converged(prev_n, n):
             break
     weights, rho0 = st.path(wl, batch)
     rho = wl.tail_factor_at(batch / nw[:, 0]) if st.surv else None
@@ -544,8 +561,8 @@ def disaggregated_makespan(
         c_lat = w + fixed + d
         c_d = m_o * tau / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
-        if _converged(prev, c_cyc):
+        prev_n, n = n, 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        if _converged(prev, c_cyc) and _converged(prev_n, n):
             break
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0

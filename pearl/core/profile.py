@@ -11,14 +11,27 @@ Two frozen values feed the makespan models (``makespan.py``):
   ``a1 = 2 * N_active / F`` (2 FLOPs per active parameter per token), ``a2 = 4 * n_layers *
   n_heads * head_dim / F`` (QK^T and AV over the causal context), ``F = tp * peak * MFU``,
   ``a0`` the per-iteration overhead.
-* one decode iteration of a batch of ``n`` sequences of mean context ``L`` (memory-bound)::
+* one decode iteration of a batch of ``n`` sequences of mean context ``L``, a roofline (the
+  slower of the memory reads and the compute binds; they overlap)::
 
-      tau(n, L) = b0 + b_e * f_E(n) + b1 * n + b2 * n * L
+      tau(n, L) = max( b0 + b_e * f_E(n) + b2 * n * L,     memory: weights, experts, KV reads
+                       a0 + n * (b1 + b3 * L) )             compute: matmuls, attention
       f_E(n)    = 1 - (1 - k/E)^n        (fraction of routed experts touched by n tokens; 0 if dense)
 
   ``b0 = W_dense / BW + overhead`` (non-expert weights read once per step), ``b_e = W_experts /
-  BW`` (MoE: a larger batch reads more experts), ``b1 = 2 * N_active / F`` (compute per token),
-  ``b2 = kv_bytes_per_token / BW`` (KV read), ``BW = tp * HBM * efficiency``.
+  BW`` (MoE: a larger batch reads more experts), ``b2 = kv_bytes_per_token / BW`` (KV read),
+  ``BW = tp * HBM * efficiency``; ``b1 = 2 * N_active / F`` (matmul compute per token), ``b3 = 4 *
+  n_layers * n_heads * head_dim / F`` (attention compute per token of context), ``a0`` the
+  per-iteration overhead (the prefill's). Below the ridge (``n`` up to hundreds of sequences on
+  the configured models and GPUs) decode is memory-bound and ``tau = b0 + b_e f_E(n) + b2 n L``.
+  Why a roofline (session 12, measured): the first version *added* the matmul compute, ``tau =
+  b0 + b_e f_E(n) + b1 n + b2 n L``, as if compute and memory reads never overlapped. One
+  colocated batch calibrates one common decode scale (below) at the colocated batch size, so the
+  extra ``b1 n`` slope over-predicted the larger batches of a P:D split's decode pool: fitted on
+  12 colocated workers (Qwen3-8B, H200, ``paper`` workload; n ~ 5), the step was 2-5 % slow at
+  n = 9-12 against the emulator's iteration cost, and the splits' mean signed makespan error grew
+  with the prefill workers (over 6 paired seeds: 4P8D +0.2 %, 5P7D +0.9 %, 6P6D +1.5 %), so the
+  engine chose one prefill worker short of the best split. With the roofline: -0.3 / -0.0 / +0.3 %.
 * KV transfer of ``t`` tokens from a prefill to a decode worker::
 
       X(t) = g0 + g1 * t,  g1 = kv_bytes_per_token / interconnect_bandwidth
@@ -48,8 +61,11 @@ principles above and telemetry calibrates its *scale*, robustly:
   also spans the chunks of the requests batched with it, which the makespan model adds itself);
 * transfer: one scale, the median of observed / predicted (immune to outliers);
 * decode: two scales (fixed per-step part, per-sequence part) by least squares on the per-token
-  decode time ``decode_s / output_tokens = s_f * (b0 + b_e f_E(n)) + s_v * (b1 n + b2 n L)``
-  after dropping records outside 5x the median ratio, over the *disaggregated* records only; with
+  decode time ``decode_s / output_tokens = s_f * (b0 + b_e f_E(n)) + s_v * b2 n L`` (the memory
+  branch) after dropping records outside 5x the median ratio, over the *disaggregated* records
+  whose prior step is memory-bound only (the per-sequence scale also scales the compute branch's
+  ``b1``, ``b3``: a compute-bound record would need a third scale, and none of the configured
+  models reaches the ridge); with
   fewer than 3 of them, or a singular or negative solution, one common scale ``s_f = s_v`` = the
   median ratio of observed / prior per-token time over all records. Why (session 2 fix): the
   split between the two parts is identified only by the spread of the decode batch ``n``;
@@ -219,6 +235,7 @@ class HardwareProfile:
     g1: float
     experts_frac: float  # k / E (0 for dense models)
     kv_capacity_tokens: float  # H_max
+    b3: float = 0.0  # decode attention compute per sequence per token of context (roofline's compute branch)
     samples: int = 0  # telemetry records the fit has seen
 
     @staticmethod
@@ -243,6 +260,7 @@ class HardwareProfile:
             b_e=expert_w / bw,
             b1=2.0 * model.active_params_b * 1e9 / flops,
             b2=kvb / bw,
+            b3=4.0 * model.n_layers * model.n_heads * model.head_dim / flops,
             g0=hw.interconnect_latency_s,
             g1=kvb / (hw.interconnect_gbs * 1e9),
             experts_frac=(model.experts_per_token / model.n_experts) if model.n_experts else 0.0,
@@ -265,11 +283,16 @@ class HardwareProfile:
         return self.b0 + self.b_e * self.experts_touched(batch)
 
     def decode_var_s(self, batch: float, context: float) -> float:
-        return self.b1 * batch + self.b2 * batch * context
+        """The memory branch's per-sequence part: KV reads, b2 n L."""
+        return self.b2 * batch * context
+
+    def decode_compute_s(self, batch: float, context: float) -> float:
+        """The roofline's compute branch: a0 + n (b1 + b3 L)."""
+        return self.a0 + batch * (self.b1 + self.b3 * context)
 
     def decode_step_s(self, batch: float, context: float) -> float:
-        """tau(n, L) = b0 + b_e f_E(n) + b1 n + b2 n L."""
-        return self.decode_fixed_s(batch) + self.decode_var_s(batch, context)
+        """tau(n, L) = max(b0 + b_e f_E(n) + b2 n L, a0 + n (b1 + b3 L)) (module docstring)."""
+        return max(self.decode_fixed_s(batch) + self.decode_var_s(batch, context), self.decode_compute_s(batch, context))
 
     def transfer_s(self, tokens: float) -> float:
         """X(t) = g0 + g1 t."""
@@ -336,18 +359,20 @@ def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alp
         ctx = [r.prompt_tokens + r.output_tokens / 2.0 for r in dec]
         xf = [prior.decode_fixed_s(ni) for ni in n]
         xv = [prior.decode_var_s(ni, ci) for ni, ci in zip(n, ctx, strict=True)]
-        ratio = [y / (f + v) for y, f, v in zip(ys, xf, xv, strict=True)]
+        tau = [prior.decode_step_s(ni, ci) for ni, ci in zip(n, ctx, strict=True)]
+        ratio = [y / t for y, t in zip(ys, tau, strict=True)]
         med = median(ratio)
         keep = [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0]
-        # two scales only from stall-free (disaggregated) records; colocated ones calibrate one
-        # common scale (module docstring: the split is not identified by colocated telemetry)
-        free = [i for i in keep if dec[i].mode != "colocated"]
+        # two scales only from stall-free (disaggregated) records on the memory branch; colocated
+        # ones calibrate one common scale (module docstring: the split is not identified by
+        # colocated telemetry)
+        free = [i for i in keep if dec[i].mode != "colocated" and xf[i] + xv[i] >= tau[i]]
         sf, sv = _lsq2([xf[i] for i in free], [xv[i] for i in free], [ys[i] for i in free])
         if sf is None or sv is None:
             sf = sv = med
         kf = 1.0 + alpha * (sf - 1.0)
         kv = 1.0 + alpha * (sv - 1.0)
-        out = replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv)
+        out = replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv, b3=out.b3 * kv)
     return replace(out, samples=prior.samples + len(recs))
 
 

@@ -25,11 +25,11 @@ def moe() -> HardwareProfile:
 
 
 def test_dense_gain_matches_the_closed_form(dense: HardwareProfile) -> None:
-    """G = o (n_p - n_b)(b1 + b2 (L + o/2)) - [P(L, 0) - P(L - c, c)] for a dense model."""
+    """G = o (n_p - n_b) b2 (L + o/2) - [P(L, 0) - P(L - c, c)] for a dense model (memory-bound decode)."""
     t = TurnCost(context=20_000, cached=14_000, output=600)
     for n_p, n_b in [(3, 1), (6, 2), (9, 0)]:
         mid = t.context + t.output / 2
-        want = t.output * (n_p - n_b) * (dense.b1 + dense.b2 * mid) - (
+        want = t.output * (n_p - n_b) * dense.b2 * mid - (
             dense.prefill_s(t.context, 0) - dense.prefill_s(t.context - t.cached, t.cached))
         assert math.isclose(move_gain_s(dense, t, n_p, n_b), want, rel_tol=1e-9, abs_tol=1e-12)
 

@@ -179,3 +179,29 @@ def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
     wl_c = hi.colocated_view()
     assert coloc.makespan_s == pytest.approx(float(colocated_makespan(hw, Stages.of(wl_c), wl_c, 64,
                                                                       np.array([8.0]))[0]))
+
+
+def test_colocated_decode_sees_the_size_biased_batch() -> None:
+    """A decoding trajectory shares its iteration with itself and each of the other m - 1
+    trajectories of its worker that decode at that moment (probability n / m), so tau is charged
+    at n_s = 1 + (m - 1) n / m, not at the time-average n (makespan.py, session 12). One turn,
+    no prefill, decode cost d1 per sequence in the batch, env e: C = d1 n_s + e, n = m d1 n_s / C."""
+    hw = HardwareProfile(a0=0.0, a1=0.0, a2=0.0, b0=0.0, b_e=0.0, b1=0.0, b2=1e-5, g0=0.0, g1=0.0,
+                         experts_frac=0.0, kv_capacity_tokens=1e12)
+    wl = WorkloadProfile(survival=(1.0,), new_tokens=(1000.0,), cached_tokens=(0.0,), output_tokens=(1000.0,),
+                         env_s=(60.0,), k_seq=2000.0)
+    d1, e = 1000 * 1e-5 * 1500.0, 60.0  # o b2 L with L = x + o / 2
+
+    def by_hand(m: float, size_biased: bool) -> float:
+        n = m
+        for _ in range(500):
+            ns = 1.0 + (m - 1.0) * n / m if size_biased else n
+            c = d1 * ns + e
+            n = min(max(m * d1 * ns / c, 1.0), m)
+        return c
+
+    for n_workers, m in ((64, 1.0), (8, 8.0), (4, 16.0)):
+        got = float(colocated_makespan(hw, Stages.of(wl), wl, 64, np.array([float(n_workers)]))[0])
+        assert got == pytest.approx(by_hand(m, True), rel=1e-2)  # ITERATIONS damped rounds, not 500
+        if m > 1:  # the time-average batch would be visibly faster
+            assert by_hand(m, False) < 0.98 * got

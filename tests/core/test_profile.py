@@ -35,6 +35,37 @@ def test_first_principles_coefficients(cfg8b: RunConfig, cfg30b: RunConfig) -> N
     assert moe.decode_step_s(64, 1000) / 64 < moe.decode_step_s(8, 1000) / 8
 
 
+@pytest.mark.parametrize("which", ["8b", "30b"])
+def test_decode_step_is_a_roofline(which: str, prof8b: tuple[HardwareProfile, WorkloadProfile],
+                                   prof30b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """Below the ridge a decode iteration is the memory reads alone (the matmuls overlap them):
+    one more sequence adds its KV read, not its compute; far above it the compute binds."""
+    import numpy as np
+
+    from pearl.core.makespan import _tau
+
+    hw = (prof8b if which == "8b" else prof30b)[0]
+    for ctx in (2000.0, 12000.0, 30000.0):
+        for n in (1, 4, 9, 16, 64):
+            memory = hw.decode_fixed_s(n) + hw.b2 * n * ctx
+            assert hw.decode_step_s(n, ctx) == pytest.approx(memory, rel=1e-12)
+            assert hw.decode_compute_s(n, ctx) < memory
+        # the per-sequence slope of a dense model is the KV read alone (b1 is hidden)
+        if which == "8b":
+            assert hw.decode_step_s(10, ctx) - hw.decode_step_s(9, ctx) == pytest.approx(hw.b2 * ctx, rel=1e-9)
+    # the matmuls bind only for a huge batch of short contexts (above ~1000 tokens the KV read
+    # outweighs a sequence's whole compute, at any batch)
+    huge, short = 1e5, 100.0
+    assert hw.decode_step_s(huge, short) == pytest.approx(hw.decode_compute_s(huge, short), rel=1e-12)
+    assert hw.decode_compute_s(huge, short) > hw.decode_fixed_s(huge) + hw.decode_var_s(huge, short)
+    # the vectorised form in the makespan model is the same function
+    ns = np.array([[1.0, 3.0, 9.5, 40.0, 1e5]])
+    ctxs = np.array([[500.0, 4000.0, 12000.0, 24000.0, 30000.0]])
+    got = _tau(hw, ns, ctxs)[0]
+    want = [hw.decode_step_s(float(a), float(b)) for a, b in zip(ns[0], ctxs[0], strict=True)]
+    assert got == pytest.approx(want, rel=1e-12)
+
+
 def test_model_that_does_not_fit_is_refused(cfg30b: RunConfig) -> None:
     small = cfg30b.hardware.model_copy(update={"memory_gb": 40.0})
     with pytest.raises(ProfileError, match="do not fit"):
@@ -77,6 +108,24 @@ def test_fit_recovers_known_scales(prof30b: tuple[HardwareProfile, WorkloadProfi
     assert fit.b2 / hw.b2 == pytest.approx(2.5, rel=1e-6)
     half = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
     assert half.a1 / hw.a1 == pytest.approx(1.35, rel=1e-6)
+
+
+def test_compute_bound_records_stay_out_of_the_two_scale_fit(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """The two scales are the memory branch's; a record whose prior step is compute-bound does not
+    pull them (its time says nothing about the weight and KV reads)."""
+    hw, _ = prof8b
+    recs = synthetic(hw, 1.0, 1.3, 2.5, 40)
+    for i in range(6):  # compute-bound batches, timed at 1.6x the prior's compute branch
+        n, ctx, out = 4000.0 + 500 * i, 100.0, 100  # short contexts: the KV read is small
+        assert hw.decode_compute_s(n, ctx) > hw.decode_fixed_s(n) + hw.decode_var_s(n, ctx)
+        recs.append(TelemetryRecord(f"c{i}", 1, 50, 0, out, prefill_s=hw.prefill_s(50, 0),
+                                    decode_s=out * 1.6 * hw.decode_compute_s(n, ctx), decode_concurrency=n,
+                                    env_s=1.0, mode="disaggregated"))
+    fit = fit_hardware(hw, recs, alpha=1.0)
+    assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)
+    assert fit.b2 / hw.b2 == pytest.approx(2.5, rel=1e-6)
+    # the compute branch follows the per-sequence scale
+    assert fit.b1 / hw.b1 == pytest.approx(2.5, rel=1e-6) and fit.b3 / hw.b3 == pytest.approx(2.5, rel=1e-6)
 
 
 def test_colocated_decode_telemetry_calibrates_one_common_scale(prof30b: tuple[HardwareProfile, WorkloadProfile]) -> None:

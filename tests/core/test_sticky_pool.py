@@ -38,7 +38,9 @@ def test_the_decision_carries_the_colocated_curve(prof8b: Prof) -> None:
     curve = d.colocated_curve
     assert len(curve) == 20 and d.to_dict()["colocated_by_workers"] == list(curve)
     direct = colocated_makespan(hw, Stages.of(wl), wl, 64, np.array([10.0, 20.0]))
-    assert curve[9] == pytest.approx(direct[0], abs=0.01) and curve[19] == pytest.approx(direct[1], abs=0.01)
+    # equal up to the fixed point's stopping rule (1e-4 relative, ``makespan._converged``): the
+    # iteration stops when every candidate evaluated together has converged
+    assert curve[9] == pytest.approx(direct[0], rel=2e-4) and curve[19] == pytest.approx(direct[1], rel=2e-4)
     assert all(a >= b for a, b in itertools.pairwise(curve))  # more workers never hurt
 
 

@@ -127,3 +127,21 @@ def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
     res, waited = run_virtual(main())
     assert res.finish_reason is FinishReason.ABORT and res.output_ids == ()
     assert waited < 0.01
+
+
+def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> None:
+    """The decode step fitted on one colocated batch (12 workers: ~5 sequences each) predicts the
+    emulator's iteration at the larger batches of a P:D split's decode pool (9-16 sequences).
+    Session 12: with the matmul compute added to the memory reads (no roofline) the step came out
+    2-5 % slow at n = 9-12 and every split's makespan with it."""
+    from pearl.engines.emulated_costs import WorkerCosts
+    from pearl.sim.simulate import measure_makespan
+
+    cfg = load_config("qwen3-8b-h200", preset_overrides("paper"))
+    _, tracker = measure_makespan(cfg, 12, "coloc", 1)
+    hw = tracker.hardware
+    assert hw.samples > 0  # fitted, not the prior
+    costs = WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size)
+    for ctx in (4000.0, 12000.0, 24000.0):
+        for n in (1, 5, 9, 12, 16):
+            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.015), (n, ctx)
