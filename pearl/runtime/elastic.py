@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pearl.config import RunConfig
-from pearl.core.decision import Allocation, Decision, DecisionError, Mode, decide
+from pearl.core.decision import Allocation, Decision, DecisionError, Mode, decide, project
 from pearl.core.events import (
     ElasticEvent,
     GpusGranted,
@@ -63,7 +63,7 @@ from pearl.core.events import (
     TrainingFinished,
     TrainingStarted,
 )
-from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate
+from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate, switch_gate
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
 from pearl.core.planner import PlanError, StepKind, free_groups, plan
 from pearl.core.state import Gpu, WorkerStatus, Zone
@@ -272,7 +272,7 @@ class ElasticScheduler:
         elif isinstance(ev, TrainingFinished):
             await self._on_training_finished(ev)
         elif isinstance(ev, ProfileRefit):
-            await self.replan(f"profile refit after rollout step {ev.step}")
+            await self.replan(f"profile refit after rollout step {ev.step}", batch_boundary=True)
             await self._consider_expansion("profile refit")
         elif isinstance(ev, _ExpansionDone):
             await self._on_group_done(ev)
@@ -521,7 +521,9 @@ class ElasticScheduler:
                 cut = i
         del self._speeds[:cut]
 
-    async def replan(self, reason: str) -> ExecutionReport | None:
+    async def replan(self, reason: str, batch_boundary: bool = False) -> ExecutionReport | None:
+        """Decide on the current budget, plan, execute. ``batch_boundary``: a rollout batch has just
+        ended, so a training step starts now and takes any lent GPUs back (``_hold_s``)."""
         budget = self.budget()
         n = self.slots(budget)
         state = self.executor.state
@@ -535,7 +537,7 @@ class ElasticScheduler:
             self.allocation = None
             return rep
         try:
-            d = self.decide(n, self.allocation)
+            d = self._gate_switch(self.decide(n, self.allocation), budget, batch_boundary)
             p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
         except (DecisionError, PlanError) as e:
             self._log("replan", reason=reason, error=str(e))
@@ -565,6 +567,58 @@ class ElasticScheduler:
         if rep.errors:
             self.reconfigurations["errors"] += len(rep.errors)
         return rep
+
+    def _hold_s(self, n: int, batch_boundary: bool, makespan_s: float) -> float:
+        """Seconds a budget of ``n`` workers is known to hold (the switch gate's ``T_hold``): lent
+        training GPUs leave when the next training step starts - now at a batch boundary (after
+        the return's ``c_d``), else when the running batch ends - and a reclaim notice takes its
+        GPUs at its deadline; ``math.inf`` when no shrink is known. The running batch ends after
+        its remaining work at the budget's speed: ``remaining_s`` is at the speed of the decision
+        in force (``M_old``), so ``T = remaining_s * M / M_old`` with ``M`` = ``makespan_s``, the
+        current allocation's makespan on this budget."""
+        t = math.inf
+        if self._lent_workers(n) and not self.training:
+            if batch_boundary:
+                t = self.costs.deactivation_s
+            else:
+                m_old = self.decision.predicted_makespan_s if self.decision is not None else math.nan
+                scale = makespan_s / m_old if math.isfinite(m_old) and m_old > 0 and math.isfinite(makespan_s) else 1.0
+                t = self.remaining_s() * scale
+        for off, delta, _regrow in self._known_pool_changes(False, n):
+            if delta < 0:
+                t = min(t, off)
+        return t
+
+    def _gate_switch(self, d: Decision, budget: frozenset[str], batch_boundary: bool) -> Decision:
+        """Keep the current allocation (projected onto the budget) when a mode or ratio switch
+        cannot pay back before the budget is known to shrink (``gate.switch_gate``). A forced
+        switch (the projection is infeasible) and a first decision pass unchanged."""
+        cur = self.allocation
+        if cur is None or not d.switched or d.forced:
+            return d
+        proj = project(cur, d.n_workers, self.policy)
+        idx = d.table.index_of(proj)
+        if d.target == proj or idx is None:
+            return d
+        m_cur = d.table.candidate(idx).makespan_s
+        hold = self._hold_s(d.n_workers, batch_boundary, m_cur)
+        if math.isinf(hold):
+            return d
+        state = self.executor.state
+        p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
+        workers = state.workers
+        serving = [w for w, wk in workers.items() if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus)]
+        roled = {s.worker_id for s in p.of_kind(StepKind.CHANGE_ROLE)
+                 if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
+        gate = switch_gate(m_cur, d.predicted_makespan_s, hold, self.costs, self.policy,
+                           stalled_fraction=len(roled) / max(len(serving), 1))
+        self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": proj.label, "to": d.target.label,
+                              **gate.to_dict()})
+        if gate.admit:
+            return d
+        self._log("switch_declined", current=proj.label, target=d.target.label, gate=gate.to_dict())
+        return replace(d, target=proj, predicted_makespan_s=m_cur, switched=proj != cur,
+                       reason=f"hold {proj.label}: {d.target.label} declined by the switch gate ({gate.reason})")
 
     # ------------------------------------------------------------------ inter-scale
     async def _on_grant(self, ev: GpusGranted) -> None:
