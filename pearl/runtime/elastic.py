@@ -592,9 +592,10 @@ class ElasticScheduler:
     def _gate_switch(self, d: Decision, budget: frozenset[str], batch_boundary: bool) -> Decision:
         """Keep the current allocation (projected onto the budget) when a mode or ratio switch
         cannot pay back before the budget is known to shrink (``gate.switch_gate``). A forced
-        switch (the projection is infeasible) and a first decision pass unchanged."""
+        switch (the projection is infeasible), a first decision and an ``allocation_overrides``
+        entry (an explicit schedule: the oracle's, a fixed-allocation measurement) pass unchanged."""
         cur = self.allocation
-        if cur is None or not d.switched or d.forced:
+        if cur is None or not d.switched or d.forced or d.n_workers in self.policy.allocation_overrides:
             return d
         proj = project(cur, d.n_workers, self.policy)
         idx = d.table.index_of(proj)
