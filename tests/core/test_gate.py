@@ -5,7 +5,7 @@ import math
 import pytest
 
 from pearl.config import PolicySpec
-from pearl.core.gate import CostKind, CostModel, GateOutcome, borrow_gate, expansion_gate
+from pearl.core.gate import CostKind, CostModel, GateOutcome, borrow_gate, expansion_gate, switch_gate
 
 
 def test_cost_ema_and_bad_observations() -> None:
@@ -120,3 +120,32 @@ def test_expansion_gate_stalled_fraction_is_clamped_and_checked() -> None:
     assert expansion_gate(300.0, 200.0, 3600.0, costs, pol, stalled_fraction=-1.0).cost_s == 0.0
     with pytest.raises(ValueError, match="stalled_fraction"):
         expansion_gate(300.0, 200.0, 3600.0, costs, pol, stalled_fraction=float("nan"))
+
+
+def test_switch_gate_pays_back_within_the_known_budget() -> None:
+    """saving = (T_hold - c_f)(r - 1) against cost = c_f k / n; no known change admits."""
+    costs = CostModel(expansion_final_s=15.0)
+    pol = PolicySpec()
+    # nothing known: the hysteresis already decided
+    g = switch_gate(300.0, 275.0, math.inf, costs, pol)
+    assert g.admit and g.outcome is GateOutcome.ADMITTED
+    # lent GPUs leave in 4 s: the re-roled workers would not serve at all
+    g = switch_gate(300.0, 275.0, 4.0, costs, pol)
+    assert not g.admit and g.outcome is GateOutcome.WINDOW_TOO_SHORT
+    # 200 s left, r = 300 / 275: saving (200 - 15) * (300/275 - 1) = 16.8 s vs 15 s (all re-roled)
+    g = switch_gate(300.0, 275.0, 200.0, costs, pol)
+    assert g.admit and g.saving_s == pytest.approx(185.0 * (300.0 / 275.0 - 1.0)) and g.cost_s == 15.0
+    # 179 s left: (179 - 15) * 0.0909 = 14.9 s <= 15 s
+    g = switch_gate(300.0, 275.0, 179.0, costs, pol)
+    assert not g.admit and g.outcome is GateOutcome.SAVING_BELOW_COST
+    # half the serving workers re-roled halves the cost
+    g = switch_gate(300.0, 275.0, 179.0, costs, pol, stalled_fraction=0.5)
+    assert g.admit and g.cost_s == 7.5
+    # no speedup, gate disabled, bad input
+    assert switch_gate(275.0, 300.0, math.inf, costs, pol).outcome is GateOutcome.NO_SPEEDUP
+    off = PolicySpec(gate_enabled=False)
+    assert switch_gate(300.0, 275.0, 4.0, costs, off).outcome is GateOutcome.UNGATED
+    with pytest.raises(ValueError, match="stalled_fraction"):
+        switch_gate(300.0, 275.0, 10.0, costs, pol, stalled_fraction=math.nan)
+    with pytest.raises(ValueError, match="NaN"):
+        switch_gate(300.0, 275.0, math.nan, costs, pol)

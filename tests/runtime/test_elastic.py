@@ -337,3 +337,58 @@ def test_expansion_gate_charges_only_the_serving_workers_the_admission_re_plans(
     assert roles == ["decode", "decode", "prefill", "prefill"]
     assert len(gate) == 1 and gate[0]["cost_s"] == round(c_f, 3) and c_f > 0
     assert "100% of the serving workers re-planned" in gate[0]["reason"]
+
+
+def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
+    """At a batch boundary the trainer takes the lent GPUs back at once: a switch on the pool
+    that includes them cannot pay back and is held (``gate.switch_gate``). Without lent GPUs the
+    budget holds and the same wish is carried out. The engine is steered here (colocation until
+    the test asks, then a split predicted 20 % faster) so that the test does not depend on the
+    profiles."""
+    from dataclasses import replace
+
+    from pearl.core.decision import Allocation, Mode
+
+    async def main():
+        clock = LoopClock()
+        ctl, _eng, _ = _controller(clock, _cfg(**{"policy.gate_enabled": True}))
+        el = ctl.elastic
+        orig = el.decide
+        want = {"split": False}
+
+        def steer(n, current):
+            d = orig(n, current)
+            co = d.table.candidate(0)
+            if not want["split"]:
+                return replace(d, target=co.allocation, predicted_makespan_s=co.makespan_s,
+                               switched=current != co.allocation, forced=False, reason="test: colocation")
+            if current is None or current.mode is not Mode.COLOCATED or n < 2:
+                return d
+            split = Allocation.disaggregated(n // 2, n - n // 2)
+            return replace(d, target=split, switched=True, forced=False, predicted_makespan_s=co.makespan_s / 1.2,
+                           reason="test: a split 20 % faster")
+
+        el.decide = steer
+        await ctl.start()
+        await clock.sleep(30.0)
+        await ctl.notify(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"))  # lends o-t0, o-t1
+        n_lent = el.slots(el.budget())
+        hold = (el._hold_s(n_lent, True, 100.0), el.costs.deactivation_s)
+        want["split"] = True
+        await el.replan("batch boundary with lent GPUs", batch_boundary=True)
+        held = (el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
+        want["split"] = False
+        await ctl.notify(TrainingStarted(2, event_id="ts2"))  # the lent GPUs go back
+        want["split"] = True
+        await el.replan("no lent GPUs")
+        after = (el.allocation, [g for g in el.gate_log if g["kind"] == "switch"])
+        await ctl.stop()
+        return n_lent, hold, held, after
+
+    n_lent, (hold, c_d), (alloc, reconf, gates), (alloc2, gates2) = run_virtual(main())
+    assert n_lent == 4 and hold == c_d
+    assert alloc == Allocation.colocated(4) and "mode_switch" not in reconf
+    (g,) = gates
+    assert not g["admit"] and g["outcome"] == "window_too_short" and g["from"] == "coloc" and g["to"] == "2P2D"
+    # no shrink known: no gate entry, the switch is made
+    assert alloc2 == Allocation.disaggregated(1, 1) and gates2 == gates
