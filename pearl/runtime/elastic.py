@@ -25,15 +25,18 @@ TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); th
 TrainingFinished  borrow gate (``borrow_gate``: window = ``expected_idle_s`` or the predicted
                   remaining batch time); admitted -> lend + re-plan (ACTIVATE retained workers)
 ProfileRefit      re-plan with the refit profiles (the decision engine's hysteresis decides whether
-                  the mode / ratio changes) and reconsider declined preemptible GPUs
+                  the mode / ratio changes; a batch has just ended, so lent GPUs leave now: the
+                  switch gate) and reconsider declined preemptible GPUs
 ================  ==============================================================================
 
 Re-plan (``replan``): the rollout budget is every GPU rollout may use now (GPUs of existing
 workers, free reserved GPUs, lent overlap GPUs; not preemptible GPUs that were declined or are
 still preparing); ``decide(n_slots, B, hw, wl, policy, current)`` picks the target (policy
 overrides: ``allocation_overrides[n]`` replaces the decision; ``force_disaggregation`` takes the
-best feasible split); ``plan`` gives the minimal-change steps; the executor runs them; ADD steps
-become a background expansion group.
+best feasible split); a switch that cannot pay back before the budget is known to shrink is held
+(``switch_gate``, ``_gate_switch``: the current allocation, projected onto the budget, stays);
+``plan`` gives the minimal-change steps; the executor runs them; ADD steps become a background
+expansion group.
 
 Idempotency: an ``event_id`` is applied at most once (a repeat returns ``duplicate=True``).
 Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
