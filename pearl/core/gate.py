@@ -173,6 +173,26 @@ def _speedup(makespan_now_s: float, makespan_with_s: float) -> float:
     return makespan_now_s / makespan_with_s
 
 
+def _unweighed(r: float, saving: float, cost: float, useful: float, policy: _GatePolicy,
+               what: str) -> GateDecision | None:
+    """The verdicts every gate shares before weighing: no speedup declines, a disabled gate admits."""
+    if r <= 1.0:
+        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
+    if not policy.gate_enabled:
+        return GateDecision(True, saving, cost, useful, f"gate disabled: {what} (r={r:.3f})", GateOutcome.UNGATED)
+    return None
+
+
+def _weigh(saving: float, cost: float, useful: float, policy: _GatePolicy, cost_name: str,
+           detail: str) -> GateDecision:
+    """admit iff saving > margin x cost (every gate's last step)."""
+    admit = saving > policy.gate_margin * cost
+    cmp = ">" if admit else "<="
+    return GateDecision(admit, saving, cost, useful,
+                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x {cost_name} {cost:.1f} s ({detail})",
+                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)
+
+
 def borrow_gate(
     makespan_now_s: float,
     makespan_with_s: float,
@@ -189,10 +209,8 @@ def borrow_gate(
     by_batch = (remaining - c_a) / r if r > 0 else 0.0
     useful = min(by_window, by_batch)
     saving = max(useful, 0.0) * (r - 1.0)
-    if r <= 1.0:
-        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
-    if not policy.gate_enabled:
-        return GateDecision(True, saving, cost, useful, f"gate disabled: borrow (r={r:.3f})", GateOutcome.UNGATED)
+    if (early := _unweighed(r, saving, cost, useful, policy, "borrow")) is not None:
+        return early
     if remaining <= c_a:
         return GateDecision(False, 0.0, cost, useful,
                             f"batch done ({remaining:.1f} s left) before the activation ({c_a:.1f} s) ends",
@@ -201,12 +219,8 @@ def borrow_gate(
         return GateDecision(False, 0.0, cost, useful,
                             f"window {window_s:.1f} s too short for the activation {c_a:.1f} s",
                             GateOutcome.WINDOW_TOO_SHORT)
-    admit = saving > policy.gate_margin * cost
-    cmp = ">" if admit else "<="
-    return GateDecision(admit, saving, cost, useful,
-                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x return {cost:.1f} s "
-                        f"(r={r:.3f}, serving {useful:.1f} s after a {c_a:.1f} s activation)",
-                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)
+    return _weigh(saving, cost, useful, policy, "return",
+                  f"r={r:.3f}, serving {useful:.1f} s after a {c_a:.1f} s activation")
 
 
 def expansion_gate(
@@ -226,21 +240,15 @@ def expansion_gate(
     cost = costs.expansion_final_s * min(max(stalled_fraction, 0.0), 1.0)
     useful = expected_lifetime_s - costs.expansion_prep_s - costs.expansion_final_s
     saving = max(useful, 0.0) * (r - 1.0)
-    if r <= 1.0:
-        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
-    if not policy.gate_enabled:
-        return GateDecision(True, saving, cost, useful, f"gate disabled: expand (r={r:.3f})", GateOutcome.UNGATED)
+    if (early := _unweighed(r, saving, cost, useful, policy, "expand")) is not None:
+        return early
     if useful <= 0:
         return GateDecision(False, 0.0, cost, useful,
                             f"expected lifetime {expected_lifetime_s:.0f} s shorter than preparation + "
                             f"finalisation {costs.expansion_prep_s + costs.expansion_final_s:.0f} s",
                             GateOutcome.LIFETIME_TOO_SHORT)
-    admit = saving > policy.gate_margin * cost
-    cmp = ">" if admit else "<="
-    return GateDecision(admit, saving, cost, useful,
-                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f}, "
-                        f"{stalled_fraction:.0%} of the serving workers re-planned)",
-                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)
+    return _weigh(saving, cost, useful, policy, "cost",
+                  f"r={r:.3f}, {stalled_fraction:.0%} of the serving workers re-planned")
 
 
 def switch_gate(
@@ -262,19 +270,13 @@ def switch_gate(
     cost = costs.expansion_final_s * min(max(stalled_fraction, 0.0), 1.0)
     useful = hold_s - costs.expansion_final_s
     saving = max(useful, 0.0) * (r - 1.0)
-    if r <= 1.0:
-        return GateDecision(False, 0.0, cost, useful, f"no speedup predicted (r={r:.3f})", GateOutcome.NO_SPEEDUP)
-    if not policy.gate_enabled:
-        return GateDecision(True, saving, cost, useful, f"gate disabled: switch (r={r:.3f})", GateOutcome.UNGATED)
+    if (early := _unweighed(r, saving, cost, useful, policy, "switch")) is not None:
+        return early
     if math.isinf(hold_s):
         return GateDecision(True, math.inf, cost, math.inf, f"budget holds: switch (r={r:.3f})", GateOutcome.ADMITTED)
     if useful <= 0:
         return GateDecision(False, 0.0, cost, useful,
                             f"budget changes in {hold_s:.1f} s, before the re-roled workers serve "
                             f"({costs.expansion_final_s:.1f} s)", GateOutcome.WINDOW_TOO_SHORT)
-    admit = saving > policy.gate_margin * cost
-    cmp = ">" if admit else "<="
-    return GateDecision(admit, saving, cost, useful,
-                        f"saving {saving:.1f} s {cmp} {policy.gate_margin:g} x cost {cost:.1f} s (r={r:.3f}, "
-                        f"budget holds {hold_s:.1f} s, {stalled_fraction:.0%} of the serving workers re-roled)",
-                        GateOutcome.ADMITTED if admit else GateOutcome.SAVING_BELOW_COST)
+    return _weigh(saving, cost, useful, policy, "cost",
+                  f"r={r:.3f}, budget holds {hold_s:.1f} s, {stalled_fraction:.0%} of the serving workers re-roled")
