@@ -341,10 +341,11 @@ def _first_prefill(hw: HardwareProfile, wl: WorkloadProfile) -> float:
 
 
 def _converged(prev: F64, cur: F64, rtol: float = 1e-4) -> bool:
-    """Stop early once no cycle time moved by more than ``rtol`` (relative) in one round; never
-    after the first round (session 12): its cycle can equal the initial guess while ``n`` has
-    moved (no prefill: both are computed at ``n = m``). Checking ``n`` too in every round gave the
-    same Table 2 and cost ~10 % of ``decide`` (0.92 -> 1.00 ms at 32 GPUs)."""
+    """Stop early once no cycle time moved by more than ``rtol`` (relative) in one round. The
+    fixed points ask from their second round on (session 12): the first round's cycle can equal
+    the initial guess while ``n`` has moved (no prefill: both are computed at ``n = m``).
+    Checking ``n`` too in every round gave the same Table 2 and cost ~10 % of ``decide`` (0.92 ->
+    1.00 ms at 32 GPUs)."""
     return bool((np.abs(cur - prev) <= rtol * cur).all())
 
 
