@@ -68,7 +68,7 @@ from pearl.core.events import (
 )
 from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate, switch_gate
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
-from pearl.core.planner import PlanError, StepKind, free_groups, plan
+from pearl.core.planner import Plan, PlanError, StepKind, free_groups, plan
 from pearl.core.state import Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import Clock
 from pearl.runtime.control import SubmitResult, UnknownResourceError
@@ -540,8 +540,11 @@ class ElasticScheduler:
             self.allocation = None
             return rep
         try:
-            d = self._gate_switch(self.decide(n, self.allocation), budget, batch_boundary)
-            p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
+            wish = self.decide(n, self.allocation)
+            p = plan(state, wish.target, budget, self.cfg.cluster.tp_size)
+            d = self._gate_switch(wish, p, budget, batch_boundary)
+            if d is not wish:  # held: plan the current allocation instead
+                p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
         except (DecisionError, PlanError) as e:
             self._log("replan", reason=reason, error=str(e))
             return None
@@ -571,6 +574,13 @@ class ElasticScheduler:
             self.reconfigurations["errors"] += len(rep.errors)
         return rep
 
+    def _active_steps(self, p: Plan, *kinds: StepKind) -> set[str]:
+        """Workers now serving (ACTIVE) that ``p`` acts on with a step of one of ``kinds`` (the
+        expansion and switch gates' re-planned serving workers)."""
+        workers = self.executor.state.workers
+        return {s.worker_id for s in p.of_kind(*kinds)
+                if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
+
     def _hold_s(self, n: int, batch_boundary: bool, makespan_s: float) -> float:
         """Seconds a budget of ``n`` workers is known to hold (the switch gate's ``T_hold``): lent
         training GPUs leave when the next training step starts - now at a batch boundary (after
@@ -592,9 +602,10 @@ class ElasticScheduler:
                 t = min(t, off)
         return t
 
-    def _gate_switch(self, d: Decision, budget: frozenset[str], batch_boundary: bool) -> Decision:
+    def _gate_switch(self, d: Decision, p: Plan, budget: frozenset[str], batch_boundary: bool) -> Decision:
         """Keep the current allocation (projected onto the budget) when a mode or ratio switch
-        cannot pay back before the budget is known to shrink (``gate.switch_gate``). A forced
+        cannot pay back before the budget is known to shrink (``gate.switch_gate``; ``p`` is the
+        plan for ``d.target``, whose re-roled serving workers are the cost). A forced
         switch (the projection is infeasible), a first decision and an ``allocation_overrides``
         entry (an explicit schedule: the oracle's, a fixed-allocation measurement) pass unchanged."""
         cur = self.allocation
@@ -608,14 +619,11 @@ class ElasticScheduler:
         hold = self._hold_s(d.n_workers, batch_boundary, m_cur)
         if math.isinf(hold):
             return d
-        state = self.executor.state
-        p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
-        workers = state.workers
-        serving = [w for w, wk in workers.items() if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus)]
-        roled = {s.worker_id for s in p.of_kind(StepKind.CHANGE_ROLE)
-                 if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
+        serving = sum(1 for wk in self.executor.state.workers.values()
+                      if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus))
+        roled = self._active_steps(p, StepKind.CHANGE_ROLE)
         gate = switch_gate(m_cur, d.predicted_makespan_s, hold, self.costs, self.policy,
-                           stalled_fraction=len(roled) / max(len(serving), 1))
+                           stalled_fraction=len(roled) / max(serving, 1))
         self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": proj.label, "to": d.target.label,
                               **gate.to_dict()})
         if gate.admit:
@@ -666,9 +674,7 @@ class ElasticScheduler:
         except PlanError as e:
             self._log("expand_declined", reason=reason, error=str(e))
             return
-        workers = self.executor.state.workers
-        stalled = {s.worker_id for s in p.of_kind(StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
-                   if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
+        stalled = self._active_steps(p, StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
         gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
                               self.costs, self.policy, stalled_fraction=len(stalled) / max(n_now, 1))
         self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
