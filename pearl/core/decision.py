@@ -167,6 +167,16 @@ class CandidateTable:
     kv_ok: npt.NDArray[np.bool_]
     kv_demand: float
     kv_capacity: float
+    #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``);
+    #: None: not checked
+    cache_ok: npt.NDArray[np.bool_] | None = None
+    cache_demand: float = 0.0
+    #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility")
+    feasible: npt.NDArray[np.bool_] = field(init=False)
+
+    def __post_init__(self) -> None:
+        ok = self.prefill_ok & self.kv_ok
+        object.__setattr__(self, "feasible", ok & self.cache_ok if self.cache_ok is not None else ok)
 
     def __len__(self) -> int:
         return 1 + len(self.n_prefill)
@@ -178,6 +188,9 @@ class CandidateTable:
         if not self.kv_ok[i]:
             n_d = self.n_workers - int(self.n_prefill[i])
             reasons.append(f"KV memory: B*K_seq={self.kv_demand:.0f} > N_D*H_max={n_d * self.kv_capacity:.0f}")
+        if self.cache_ok is not None and not self.cache_ok[i]:
+            n_p = int(self.n_prefill[i])
+            reasons.append(f"prefix cache: max B_s*prompt_s={self.cache_demand:.0f} > N_P*H_max={n_p * self.kv_capacity:.0f}")
         return "; ".join(reasons)
 
     def candidate(self, i: int) -> Candidate:
@@ -186,7 +199,7 @@ class CandidateTable:
             return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, True, "")
         j = i - 1
         p = int(self.n_prefill[j])
-        ok = bool(self.prefill_ok[j] and self.kv_ok[j])
+        ok = bool(self.feasible[j])
         return Candidate(Allocation.disaggregated(p, self.n_workers - p), float(self.makespan_s[j]), ok,
                          "" if ok else self._reason(j))
 
@@ -207,7 +220,7 @@ class CandidateTable:
         """The feasible minimum; ties: colocation first, then fewer prefill workers."""
         best, best_s = 0, self.coloc_s
         if len(self.n_prefill):
-            ok = self.prefill_ok & self.kv_ok
+            ok = self.feasible
             if ok.any():
                 masked = np.where(ok, self.makespan_s, np.inf)
                 j = int(np.argmin(masked))
@@ -301,11 +314,11 @@ def evaluate_table(
         wl_p = wl.prefill_pool_view()  # a prefill worker holds the prompts, not the outputs (profile.py)
         res = disaggregated_makespan(hw, Stages.of(wl_p), wl_p, batch, n_p.astype(np.float64),
                                      (n_workers - n_p).astype(np.float64), policy.max_prefill_utilization)
-        ms, pok, kok = res.makespan_s, res.prefill_ok, res.kv_ok
+        ms, pok, kok, cok, held = res.makespan_s, res.prefill_ok, res.kv_ok, res.cache_ok, res.cache_demand
     else:
         n_p = np.zeros(0, dtype=np.int64)
-        ms, pok, kok = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
-    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens)
+        ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
+    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held)
 
 
 def evaluate(

@@ -57,6 +57,11 @@ most (emulator, Qwen3-8B, 8 paired seeds x 6 budgets, 816 split runs: median |er
 Colocation keeps ``rho T_mean``: there the measured ratio *is* the
 mechanism (a modelled slowest path missed ~3.5 % of it on 8 workers: the sticky workers'
 uneven load). Modelling choice: the paths are the observed slowest 4 (``profile.TAIL_PATHS``).
+One window's slowest paths are one draw of the batch maximum, so (session 13) the split's
+makespan averages the per-window maxima of the last ``profile.TAIL_WINDOWS`` windows with EMA
+weights, as ``rho`` is blended (``profile._blend_tail_windows``)::
+
+    M_PD = sum_w omega_w max_{j in w} sum_{k <= K_j} T_jk + W_start
 
 Turns are compressed into at most ``STAGES`` consecutive groups (per-group means) so that every
 candidate allocation is evaluated at once with numpy (vectorised over candidates x stages).
@@ -191,6 +196,24 @@ Feasibility of a disaggregated split (paper Sec. 4.2):
   ``M_PD`` until the ratio sat just under ``u_max`` for every split (0.946 at 1P7D, B = 1024).
   Modelling choice: ``u_max`` = ``policy.max_prefill_utilization`` (0.95), the planning headroom;
 * KV memory: ``B * K_seq <= N_D * H_max``.
+* The prefill pool holds every running conversation's prefix (session 13)::
+
+      max_s B_s (x_s + c_s) <= N_P * H_max
+
+  (``B_s / N_P`` conversations per prefill worker, each leaving its prompt ``x_s + c_s`` in the
+  worker's prefix cache of ``H_max`` tokens). Why, measured on the emulator (the
+  ``qwen3-8b-h200`` config's own workload, B = 64, 1P3D on 4 workers, 4 seeds): one prefill
+  worker holds all 64 conversations, and from turn ~11 (~13K-token prompts, 57 conversations:
+  740K tokens against 749K) its LRU cache evicted prefixes that were about to be reused. Each
+  miss is a whole re-prefill on the one worker, the queue grows, queued prompts take more of the
+  memory, and more prefixes go: on one seed the hit share fell 0.93 -> 0.78 -> 0.54 -> 0.31 ->
+  0.23 over turns 11-25, prefill spans reached 30-37 s a turn, and that seed's batch took ~600 s.
+  Over the 4 seeds 1P3D ran 494 s against 407 s colocated while the makespan model (which
+  holds every prefix) predicted it 14 % fast and the engine chose it; 1P7D on 8 workers the
+  same (364 s measured, 9 % fast). A split past the bound can run well on a lucky seed (378 s
+  and 409 s on two of the four), which is why it is a feasibility bound rather than a makespan
+  term: what it risks is the collapse, which a mean-value model does not predict. Modelling
+  choice: a conversation's held prefix counted at its current prompt; no margin.
 
 In-flight batch after a pool change (session 3, ``sticky_pool``). Every formula above is for a
 *fresh* batch, admitted balanced over the pool. An elastic run changes the pool *mid-batch*
@@ -237,7 +260,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.profile import HardwareProfile, TailArrays, WorkloadProfile
 
 STAGES = 8
 ITERATIONS = 12
@@ -260,6 +283,9 @@ class Stages:
     o: F64
     e: F64
     surv: tuple[tuple[float, ...], ...] = ()
+    #: the group's mean bilinear prefill term ``E[x (c + x / 2)]`` (``WorkloadProfile.prefill_quad``);
+    #: None: from the group's mean tokens, ``x (c + x / 2)``
+    q: F64 | None = None
 
     def path(self, wl: WorkloadProfile, batch: int) -> tuple[F64, float]:
         """(per-group turn weights, factor): the makespan is ``factor * sum(weights * C)``.
@@ -299,6 +325,8 @@ class Stages:
         groups: list[tuple[float, ...]] = []
         surv = np.asarray(wl.survival)
         arrays = [np.asarray(a, dtype=np.float64) for a in (wl.new_tokens, wl.cached_tokens, wl.output_tokens, wl.env_s)]
+        quad = np.asarray(wl.prefill_quad, dtype=np.float64) if wl.prefill_quad else None
+        qs: list[float] = []
         for lo, hi in itertools.pairwise(edges.tolist()):
             if hi <= lo:
                 continue
@@ -312,8 +340,19 @@ class Stages:
             cols[1].append(wsum / (hi - lo))
             for j, a in enumerate(arrays):
                 cols[2 + j].append(float((a[lo:hi] * w).sum() / wsum))
+            if quad is not None:
+                qs.append(float((quad[lo:hi] * w).sum() / wsum))
         t, alive, x, c, o, e = (np.asarray(col, dtype=np.float64).reshape(1, -1) for col in cols)
-        return Stages(t, alive, x, c, o, e, tuple(groups))
+        q = np.asarray(qs, dtype=np.float64).reshape(1, -1) if quad is not None else None
+        return Stages(t, alive, x, c, o, e, tuple(groups), q)
+
+    def prefill(self, hw: HardwareProfile) -> F64:
+        """Per group ``P = a0 + a1 x + a2 q`` (``q`` = ``x (c + x / 2)`` unless the profile
+        carries the mixture's own term, ``WorkloadProfile.colocated_view``)."""
+        if self.q is None:
+            return _prefill(hw, self.x, self.c)
+        out: F64 = hw.a0 + hw.a1 * self.x + hw.a2 * self.q
+        return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -337,6 +376,8 @@ def _prefill(hw: HardwareProfile, x: F64, c: F64) -> F64:
 
 def _first_prefill(hw: HardwareProfile, wl: WorkloadProfile) -> float:
     """P_1: prefill of the first turn (nothing cached yet)."""
+    if wl.prefill_quad:
+        return hw.a0 + hw.a1 * max(wl.new_tokens[0], 0.0) + hw.a2 * wl.prefill_quad[0]
     return hw.prefill_s(wl.new_tokens[0], wl.cached_tokens[0])
 
 
@@ -362,7 +403,7 @@ def prefill_service_scv(hw: HardwareProfile, wl: WorkloadProfile) -> float:
     s = np.asarray(wl.survival, dtype=np.float64)
     if s.size == 0 or s.sum() <= 0:
         return 0.0
-    pk = _prefill(hw, np.asarray(wl.new_tokens, dtype=np.float64), np.asarray(wl.cached_tokens, dtype=np.float64))
+    pk = hw.a0 + hw.a1 * np.asarray(wl.new_tokens, dtype=np.float64) + hw.a2 * np.asarray(wl.prefill_quads(), dtype=np.float64)
     wk = s / s.sum()
     mean = float((wk * pk).sum())
     return float((wk * (pk - mean) ** 2).sum() / mean**2) if mean > 0 else 0.0
@@ -466,7 +507,7 @@ def colocated_makespan(hw: HardwareProfile, st: Stages, wl: WorkloadProfile, bat
     m_cap = max(hw.kv_capacity_tokens / max(wl.k_seq, 1.0), 1.0)
     waves = np.maximum(m / m_cap, 1.0)
     m = np.minimum(m, m_cap)
-    p = _prefill(hw, st.x, st.c)
+    p = st.prefill(hw)
     ctx = st.x + st.c + st.o / 2.0
     n = m.copy()
     c_cyc = p + st.o * _tau(hw, n, ctx) + st.e
@@ -530,6 +571,10 @@ class DisaggResult:
     kv_ok: npt.NDArray[np.bool_]
     #: ``u_batch`` of each candidate (module docstring, "Feasibility"); ``prefill_ok = u_batch <= u_max``
     prefill_util: F64
+    #: the prefill pool holds every running conversation's prefix (module docstring, "Feasibility")
+    cache_ok: npt.NDArray[np.bool_]
+    #: ``max_s B_s (x_s + c_s)``: the prefix tokens the prefill pool must hold at the fullest stage
+    cache_demand: float
 
 
 def disaggregated_makespan(
@@ -540,7 +585,7 @@ def disaggregated_makespan(
     nd = n_decode.reshape(-1, 1).astype(np.float64)
     bk = batch * st.alive
     m = np.maximum(bk / nd, 1.0)
-    p = _prefill(hw, st.x, st.c)
+    p = st.prefill(hw)
     xfer = hw.g0 + hw.g1 * (st.x + st.c)
     ctx = st.x + st.c + st.o / 2.0
     n = m.copy()
@@ -566,39 +611,61 @@ def disaggregated_makespan(
         if rnd > 0 and _converged(prev, c_cyc):
             break
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
+    held = float((bk * (st.x + st.c)).max())  # max_s B_s (x_s + c_s): the prefixes the prefill pool holds
+    cache_ok = held <= npf[:, 0] * hw.kv_capacity_tokens
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
     total: F64
     if wl.tail_paths and st.turns.size:
-        total = _slowest_path_disagg(hw, st, wl.tail_paths, w, n, c_lat, c_cyc) + start
+        tail = wl.tail_arrays()
+        assert tail is not None
+        total = _slowest_path_disagg(hw, st, tail, w, n, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)
         total = factor * ((weights * c_cyc).sum(axis=1) + start)
     # batch-level prefill utilisation against the decode side's pace (module docstring, "Feasibility")
     u_batch = (st.turns * bk * p).sum(axis=1) / (npf[:, 0] * (st.turns * np.maximum(c_lat, c_d)).sum(axis=1))
     prefill_ok = u_batch <= u_max
-    return DisaggResult(total, prefill_ok, kv_ok, u_batch)
+    return DisaggResult(total, prefill_ok, kv_ok, u_batch, cache_ok, held)
 
 
-def _slowest_path_disagg(hw: HardwareProfile, st: Stages, paths: tuple[tuple[tuple[float, float, float, float], ...], ...],
+def _slowest_path_disagg(hw: HardwareProfile, st: Stages, tail: TailArrays,
                          w: F64, n: F64, c_lat: F64, c_cyc: F64) -> F64:
-    """``max_j sum_k T_jk`` over the observed slowest trajectories ``j`` (module docstring), per
-    candidate; ``w``, ``n``, ``c_lat``, ``c_cyc`` are the per-stage states, shape (M, S). Turn k
-    of a path runs in the stage the batch front has reached when the turn starts."""
+    """``sum_w omega_w max_{j in w} sum_k T_jk`` over the kept windows' slowest trajectories ``j``
+    (module docstring; ``profile._blend_tail_windows``), per candidate; ``w``, ``n``, ``c_lat``,
+    ``c_cyc`` are the per-stage states, shape (M, S). Turn k of a path runs in the stage the batch
+    front has reached when the turn starts. Every path of every window advances together: arrays
+    (paths, candidates), longest path first (``WorkloadProfile.tail_arrays``), so that turn k
+    updates the leading rows still on their paths."""
     m_cand, n_stages = w.shape
     rows = np.arange(m_cand)
     front_end = np.cumsum(st.turns * c_cyc, axis=1)  # E_s, (M, S)
     stretch = c_cyc / c_lat
-    best = np.zeros(m_cand, dtype=np.float64)
-    for path in paths:
-        t = np.zeros(m_cand, dtype=np.float64)
-        for x, c, o, e in path:
-            s = np.minimum((front_end < t[:, None]).sum(axis=1), n_stages - 1)
-            ctx = np.full((m_cand, 1), x + c + o / 2.0)
-            tau = _tau(hw, n[rows, s].reshape(-1, 1), ctx)[:, 0]
-            fixed = hw.prefill_s(x, c) + hw.g0 + hw.g1 * (x + c) + e
-            t = t + (w[rows, s] + fixed + o * tau) * stretch[rows, s]
-        best = np.maximum(best, t)
-    return best
+    x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
+    fixed = _prefill(hw, x, c) + hw.g0 + hw.g1 * (x + c) + e
+    ctx = x + c + o / 2.0
+    t = np.zeros((x.shape[0], m_cand), dtype=np.float64)
+    # flat (candidate, stage) index of each path's current stage; a path's time only grows, so its
+    # stage only advances: s = #{s' : E_s' < t}, clipped to the last stage (whose end reads as +inf)
+    fe = front_end.copy()
+    fe[:, -1] = np.inf
+    fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
+    idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
+    for k, lv in enumerate(tail.n_live):
+        ix, tk = idx[:lv], t[:lv]
+        for _ in range(n_stages):
+            adv = fe[ix] < tk
+            if not adv.any():
+                break
+            ix += adv
+        tau = _tau(hw, nf[ix], ctx[:lv, k : k + 1])
+        tk += (wf[ix] + fixed[:lv, k : k + 1] + o[:lv, k : k + 1] * tau) * sf[ix]
+    by_path = t[tail.rows]
+    total = np.zeros(m_cand, dtype=np.float64)
+    i = 0
+    for weight, count in tail.windows:
+        total = total + weight * by_path[i : i + count].max(axis=0)
+        i += count
+    return total
 
 
 def compose_makespan(schedule: Sequence[tuple[float, float]]) -> float:

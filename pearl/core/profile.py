@@ -46,8 +46,9 @@ makespan a *last-trajectory* time), ``new_tokens[k]`` (prompt tokens not in the 
 telemetry has seen whole trajectories, ``tail_factor`` (slowest / mean trajectory duration in a
 batch: how far the batch's last trajectory lies above the mean one, ``makespan.py``) and
 ``tail_paths`` (the turns ``(x, c, o, e)`` of the window's 4 slowest whole trajectories, which
-``makespan.py`` runs through a P:D split's per-stage state) and ``tail_by_load`` (the tail factor
-per colocated load, below). Modelling choice:
+``makespan.py`` runs through a P:D split's per-stage state; earlier windows' in
+``tail_history``, EMA-weighted by ``tail_weights``: ``_blend_tail_windows``) and
+``tail_by_load`` (the tail factor per colocated load, below). Modelling choice:
 K_seq is the *mean* final context of a trajectory, not a high quantile — the decode pool holds the
 whole batch's contexts at once, so the sum over the batch (B * mean) is what must fit; a quantile
 would count every trajectory as the longest one.
@@ -81,7 +82,8 @@ principles above and telemetry calibrates its *scale*, robustly:
   twice and made the colocated prediction 10-15 % too slow per turn in the emulator.)
 * cached tokens (session 4): from the turns that stayed on their cache-holding worker; the share
   of colocated turns that did not (``moved_share``: cost-aware router moves, interruptions) is
-  kept apart, and ``WorkloadProfile.colocated_view`` charges those turns their whole prompt. A
+  kept apart with the share of its prompt a moved turn found cached (``moved_hit``, session
+  13), and ``WorkloadProfile.colocated_view`` charges those turns the rest of their prompt. A
   P:D split's prefill pool keeps conversations, so its model takes the kept share. (Fitted on
   one cost-routed colocated batch, 8 workers, Qwen3-8B: colocation predicted 419 s for 426 s
   measured and the splits 2-3 % slow when one share counted both; with the split 426.5 s.)
@@ -90,7 +92,8 @@ principles above and telemetry calibrates its *scale*, robustly:
   worker and is restated (``_colocated_basis``), and the P:D model reads the prefill pool's
   share through ``WorkloadProfile.prefill_pool_view``.
 * the new fit is blended with the previous profile by an EMA of weight ``alpha`` (the workload is
-  not assumed stationary, paper Sec. 5); records with NaN, infinite or negative values are
+  not assumed stationary, paper Sec. 5); the first window replaces the prior's guess
+  (``first_window_alpha``, session 13); records with NaN, infinite or negative values are
   ignored; an empty window returns the previous profile unchanged.
 """
 
@@ -101,9 +104,9 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import fmean, median
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -329,11 +332,38 @@ def _service_scale(observed: Sequence[float], predicted: Sequence[float]) -> flo
     return median([r for r in ratios if r <= lo * SERVICE_BAND])
 
 
+def first_window_alpha(samples: int, alpha: float) -> float:
+    """The EMA weight of a window for what the prior only guesses: 1 while the profile has seen
+    no telemetry (``samples == 0``), else ``alpha`` (session 13). Used for every hardware scale
+    (the prior's MFU and bandwidth efficiencies, ``HardwareProfile.from_specs``) and for the
+    cache and router statistics of the workload: each turn's cached share of its prompt, the
+    moved share and what a moved turn finds (``prefix_cache_hit`` and a zero moved share are
+    placeholders: what a turn finds cached is the engine's and the router's doing). The
+    workload's own distributions (turns, prompt, output and environment time per turn), which
+    the config states, blend with ``alpha`` from the first window on.
+
+    Why: blending half of the prior into the first fit kept half of its error. On the
+    ``qwen3-8b-h200`` config's own workload the emulator caches whole prefixes where the prior
+    assumes a 0.4 hit ratio; fitted on one colocated batch of 4 workers (seed 0), colocation
+    was predicted 20.6 % slow with the blend, 6.3 % with this rule and 1.9 % with every
+    statistic taken from the first window; every P:D split, whose prefill runs apart from
+    decode, moved by a few percent only, so the blend had made the splits look better than
+    they were (over 4 seeds, with ``moved_hit``: colocation +21.9 -> +4.8 % at 4 workers,
+    +11.1 -> +3.5 % at 8, +7.6 -> +4.0 % at 20). Why not the workload's
+    distributions too (measured, ``paper`` preset, whose prior is the emulator's own
+    distributions, Table 2 at 12 workers, 8 seeds): with the first window replacing them as
+    well, a single batch's turn counts and lengths carried their sampling noise into the
+    decision (4P8D chosen on 5 of 8 seeds where 5P7D is best); blended, 5P7D on 5 of 8."""
+    return 1.0 if samples <= 0 else alpha
+
+
 def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> HardwareProfile:
-    """Calibrate ``prior``'s scales on telemetry (module docstring); EMA-blend with weight ``alpha``."""
+    """Calibrate ``prior``'s scales on telemetry (module docstring); EMA-blend with weight ``alpha``
+    (weight 1 on the first window: ``first_window_alpha``)."""
     recs = [r for r in records if r.valid()]
     if not recs:
         return prior
+    alpha = first_window_alpha(prior.samples, alpha)
     out = prior
     # prefill: one scale on (a0, a1, a2), from the uncontended requests (``_service_scale``)
     pre = [r for r in recs if r.prefill_s > 0 and r.prompt_tokens > r.cached_tokens]
@@ -412,6 +442,34 @@ def _lsq2(x1: Sequence[float], x2: Sequence[float], y: Sequence[float]) -> tuple
 
 
 # ------------------------------------------------------------------------------------ workload
+class TailArrays(NamedTuple):
+    """The slowest paths of every kept window, longest first (``WorkloadProfile.tail_arrays``)."""
+
+    #: (P, K, 4): path r's turns ``(x, c, o, e)``, zero past its end; rows sorted by length
+    turns: npt.NDArray[np.float64]
+    #: per turn index k, how many leading rows are still on their path
+    n_live: tuple[int, ...]
+    #: row of each path in the windows' order (``paths[i]`` is ``turns[rows[i]]``)
+    rows: npt.NDArray[np.intp]
+    #: ``(weight, paths in the window)`` per window, newest first
+    windows: tuple[tuple[float, int], ...]
+
+
+def _tail_arrays(windows: tuple[tuple[float, tuple[tuple[tuple[float, float, float, float], ...], ...]], ...]
+                 ) -> TailArrays:
+    paths = [path for _wt, ps in windows for path in ps]
+    order = sorted(range(len(paths)), key=lambda i: -len(paths[i]))
+    k_max = len(paths[order[0]])
+    turns = np.zeros((len(paths), k_max, 4), dtype=np.float64)
+    rows = np.empty(len(paths), dtype=np.intp)
+    for r, i in enumerate(order):
+        turns[r, : len(paths[i])] = paths[i]
+        rows[i] = r
+    lengths = np.sort(np.array([len(p) for p in paths]))
+    n_live = tuple(int(v) for v in len(paths) - np.searchsorted(lengths, np.arange(k_max), side="right"))
+    return TailArrays(np.maximum(turns, 0.0), n_live, rows, tuple((wt, len(ps)) for wt, ps in windows))
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadProfile:
     """Per-turn statistics of a rollout batch (index 0 = turn 1). See module docstring."""
@@ -430,19 +488,59 @@ class WorkloadProfile:
     #: fraction of colocated turns (k >= 2) served away from the worker that holds their prefix
     #: cache (cost-aware moves, interruptions): ``colocated_view``
     moved_share: float = 0.0
+    #: the share of its prompt a moved colocated turn found cached where it ran (token-weighted;
+    #: its own earlier prefix from a previous visit, the GRPO group's shared prompt):
+    #: ``colocated_view``
+    moved_hit: float = 0.0
     #: the tail factor per colocated load (session 9): ``(bucket, log2 m0, rho, windows)`` per
     #: load bucket seen, ``m0`` = trajectories per worker, both EMA-blended; ``tail_factor_at``
     tail_by_load: tuple[tuple[int, float, float, int], ...] = ()
+    #: the slowest paths of earlier windows, newest first (at most ``TAIL_WINDOWS - 1``), and the
+    #: EMA weights of ``(tail_paths, *tail_history)`` (session 13; ``tail_windows``)
+    tail_history: tuple[tuple[tuple[tuple[float, float, float, float], ...], ...], ...] = ()
+    tail_weights: tuple[float, ...] = ()
+    #: per turn, the mean of the prefill's bilinear term ``x (c + x / 2)`` where the turn is a
+    #: mixture whose mean tokens do not give it (``colocated_view``); () = ``x_k (c_k + x_k / 2)``
+    prefill_quad: tuple[float, ...] = ()
+    #: memo of ``tail_arrays`` (not part of the profile's value)
+    _tail_memo: TailArrays | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         n = len(self.survival)
         lens = {len(self.new_tokens), len(self.cached_tokens), len(self.output_tokens), len(self.env_s)}
         if n == 0 or lens != {n}:
             raise ProfileError(f"workload profile arrays must be non-empty and equally long, got {n} and {lens}")
+        if self.prefill_quad and len(self.prefill_quad) != n:
+            raise ProfileError(f"prefill_quad has {len(self.prefill_quad)} turns, the profile {n}")
+
+    def prefill_quads(self) -> tuple[float, ...]:
+        """Per turn, the mean bilinear prefill term ``E[x (c + x / 2)]`` (``prefill_quad``, or
+        from the mean tokens); ``P_k = a0 + a1 x_k + a2 q_k``."""
+        if self.prefill_quad:
+            return self.prefill_quad
+        return tuple(x * (c + x / 2.0) for x, c in zip(self.new_tokens, self.cached_tokens, strict=True))
 
     @property
     def max_turns(self) -> int:
         return len(self.survival)
+
+    def tail_arrays(self) -> TailArrays | None:
+        """The kept windows' slowest paths as arrays (``TailArrays``), built once per profile;
+        None without paths."""
+        if self._tail_memo is None and self.tail_paths:
+            object.__setattr__(self, "_tail_memo", _tail_arrays(self.tail_windows()))
+        return self._tail_memo
+
+    def tail_windows(self) -> tuple[tuple[float, tuple[tuple[tuple[float, float, float, float], ...], ...]], ...]:
+        """``(weight, paths)`` per kept window, newest first: the windows' slowest paths with the
+        EMA weights a P:D split's slowest-path makespan averages its per-window maxima with
+        (``makespan.disaggregated_makespan``); one window of weight 1 before any history."""
+        if not self.tail_paths:
+            return ()
+        windows = (self.tail_paths, *self.tail_history)
+        if len(self.tail_weights) != len(windows):
+            return ((1.0, self.tail_paths),)
+        return tuple(zip(self.tail_weights, windows, strict=True))
 
     @property
     def tail_varies_with_load(self) -> bool:
@@ -512,14 +610,46 @@ class WorkloadProfile:
         """The per-turn tokens a colocated pool under the router's affinity actually prefills:
         ``cached_tokens`` is what a turn finds when it stays on its cache-holding worker
         (``fit_workload``), but a share ``m = moved_share`` of colocated turns runs elsewhere and
-        prefills its whole prompt, so ``c'_k = (1 - m) c_k`` and ``x'_k = x_k + m c_k``. A P:D
-        split's prefill pool keeps conversations (slack rule only) and uses the profile as is.
-        Modelling choice: ``m`` is one measured share for every turn and pool size."""
+        finds only the share ``h = moved_hit`` of its prompt cached there. With ``x_k + c_k`` the
+        prompt, a moved turn prefills ``x^m_k = (1 - h)(x_k + c_k)`` against ``c^m_k = h (x_k +
+        c_k)``, and the view is the mixture::
+
+            x'_k = (1 - m) x_k + m x^m_k,    c'_k = (1 - m) c_k + m c^m_k     (x' + c' = x + c)
+
+        A P:D split's prefill pool keeps conversations (slack rule only) and uses the profile as
+        is. Modelling choice: ``m`` and ``h`` are one measured share each for every turn and pool
+        size.
+
+        The prefill time is bilinear in the tokens, ``P(x, c) = a0 + a1 x + a2 x (c + x / 2)``,
+        so the mean tokens of the mixture do not give its mean prefill. The view keeps the
+        mixture's mean bilinear term (session 13)::
+
+            q'_k = (1 - m) x_k (c_k + x_k / 2) + m x^m_k (c^m_k + x^m_k / 2)
+
+        and the makespan model uses ``P = a0 + a1 x' + a2 q'`` (``makespan.Stages``); the linear
+        term is exact with ``x'``.
+
+        Why (session 13, measured on the emulator, the ``qwen3-8b-h200`` config's own workload, 4
+        colocated workers, one batch): the cost-aware router balanced 16 trajectories a worker
+        by moving 31 % of the turns on a fixed pool, and a moved turn found ~half its prompt
+        cached where it ran (an earlier visit), so it took 0.65 s of prefill at 17K tokens, not
+        the 1.3 s of a whole prompt. Charged its whole prompt through ``P(x', c')``, the later
+        turn groups got 0.41-0.90 s of prefill for the 0.17-0.30 s they took, and through the
+        worker's prefill share ``u`` every decode stalled 30-50 % where it stalled 20-30 %:
+        colocation was predicted 8-23 % slow (the splits within 1 %), and PEARL took P:D splits
+        that ran slower."""
         m = min(max(self.moved_share, 0.0), 1.0)
         if m <= 0.0:
             return self
-        return replace(self, new_tokens=tuple(x + m * c for x, c in zip(self.new_tokens, self.cached_tokens, strict=True)),
-                       cached_tokens=tuple((1.0 - m) * c for c in self.cached_tokens), moved_share=0.0)
+        h = min(max(self.moved_hit, 0.0), 1.0)
+        xs, cs, qs = [], [], []
+        for q, x, c in zip(self.prefill_quads(), self.new_tokens, self.cached_tokens, strict=True):
+            xm, cm = (1.0 - h) * (x + c), h * (x + c)
+            xs.append((1.0 - m) * x + m * xm)
+            cs.append((1.0 - m) * c + m * cm)
+            qs.append((1.0 - m) * q + m * xm * (cm + xm / 2.0))
+        return replace(self, new_tokens=tuple(xs), cached_tokens=tuple(cs), moved_share=0.0, moved_hit=0.0,
+                       prefill_quad=tuple(qs))
 
     @property
     def mean_turns(self) -> float:
@@ -584,11 +714,16 @@ def _pd_restate(turns: Sequence[tuple[float, float, float]]) -> list[tuple[float
 @functools.lru_cache(maxsize=64)
 def _prefill_pool_view(wl: WorkloadProfile) -> WorkloadProfile:
     turns = _pd_restate(list(zip(wl.new_tokens, wl.cached_tokens, wl.output_tokens, strict=True)))
-    paths = tuple(
-        tuple((x, c, o, e) for (x, c), (_x, _c, o, e) in zip(_pd_restate([t[:3] for t in path]), path, strict=True))
-        for path in wl.tail_paths)
+
+    def restate(paths: tuple[tuple[tuple[float, float, float, float], ...], ...]
+                ) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
+        return tuple(
+            tuple((x, c, o, e) for (x, c), (_x, _c, o, e) in zip(_pd_restate([t[:3] for t in path]), path, strict=True))
+            for path in paths)
+
     return replace(wl, new_tokens=tuple(x for x, _c in turns), cached_tokens=tuple(c for _x, c in turns),
-                   tail_paths=paths)
+                   tail_paths=restate(wl.tail_paths), tail_history=tuple(restate(h) for h in wl.tail_history),
+                   prefill_quad=())
 
 
 def _colocated_basis(recs: Sequence[TelemetryRecord]) -> list[TelemetryRecord]:
@@ -668,11 +803,15 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     trajectory's number of turns); per-turn token and env values are the arithmetic means of each
     turn's records (invalid records are dropped first); ``tail_factor`` from the trajectories seen whole
     (``_tail_factor``), EMA-blended once a previous estimate exists. Turns never observed keep the prior's values; an empty or
-    invalid window returns ``prior`` unchanged.
+    invalid window returns ``prior`` unchanged. The first window (``prior.samples == 0``) replaces
+    what it observes (``first_window_alpha``).
     """
     recs = _colocated_basis([r for r in records if r.valid() and r.turn >= 1])
     if not recs:
         return prior
+    # the cache and the router's statistics start from the first window; the workload's own
+    # distributions blend with the configured prior from the start (``first_window_alpha``)
+    alpha_c = first_window_alpha(prior.samples, alpha)
     by_turn: dict[int, list[TelemetryRecord]] = defaultdict(list)
     for r in recs:
         by_turn[r.turn].append(r)
@@ -702,8 +841,15 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
         i = k - 1
         kept = [r for r in rs if not r.moved] or rs
         c_k = fmean([r.cached_tokens for r in kept])
-        new[i] += alpha * (max(fmean([r.prompt_tokens for r in rs]) - c_k, 0.0) - new[i])
-        cached[i] += alpha * (c_k - cached[i])
+        p_k = fmean([r.prompt_tokens for r in rs])
+        if alpha_c != alpha and p_k > 0:
+            # the first window: the prompt blends, its cached share is the window's
+            prompt = new[i] + cached[i] + alpha * (p_k - new[i] - cached[i])
+            cached[i] = prompt * min(c_k / p_k, 1.0)
+            new[i] = prompt - cached[i]
+        else:
+            new[i] += alpha * (max(p_k - c_k, 0.0) - new[i])
+            cached[i] += alpha * (c_k - cached[i])
         out[i] += alpha * (fmean([r.output_tokens for r in rs]) - out[i])
         env[i] += alpha * (fmean([r.env_s for r in rs]) - env[i])
     kseq = prior.k_seq
@@ -717,9 +863,13 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     last = max((i for i, s in enumerate(surv) if s > 1e-4), default=0)
     sl = slice(0, last + 1)
     later = [r for r in recs if r.turn > 1 and r.mode == "colocated"]
-    moved_share = prior.moved_share
+    moved_share, moved_hit = prior.moved_share, prior.moved_hit
     if later:
-        moved_share += alpha * (sum(r.moved for r in later) / len(later) - moved_share)
+        moved_share += alpha_c * (sum(r.moved for r in later) / len(later) - moved_share)
+        moved = [r for r in later if r.moved]
+        prompt = sum(r.prompt_tokens for r in moved)
+        if prompt > 0:
+            moved_hit += alpha_c * (min(sum(r.cached_tokens for r in moved) / prompt, 1.0) - moved_hit)
     tf_obs = _tail_factor(recs)
     tf = tf_obs
     if tf is not None and prior.tail_factor is not None:
@@ -728,12 +878,51 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     m0 = _colocated_load(recs)
     if tf_obs is not None and m0 is not None:
         by_load = _blend_tail_by_load(by_load, math.log2(m0), tf_obs, alpha)
+    paths, history, weights = _blend_tail_windows(prior, _tail_paths(recs, _kept_share(by_turn)), alpha)
     return WorkloadProfile(
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf if tf is not None else prior.tail_factor,
-        tail_paths=_tail_paths(recs, _kept_share(by_turn)) or prior.tail_paths, moved_share=moved_share,
-        tail_by_load=by_load,
+        tail_paths=paths, moved_share=moved_share, moved_hit=moved_hit, tail_by_load=by_load,
+        tail_history=history, tail_weights=weights,
     )
+
+
+#: windows of slowest paths a workload profile keeps (``_blend_tail_windows``)
+TAIL_WINDOWS = 4
+
+
+def _blend_tail_windows(
+    prior: WorkloadProfile, paths: tuple[tuple[tuple[float, float, float, float], ...], ...], alpha: float
+) -> tuple[tuple[tuple[tuple[float, float, float, float], ...], ...],
+           tuple[tuple[tuple[tuple[float, float, float, float], ...], ...], ...], tuple[float, ...]]:
+    """The new window's slowest ``paths`` in front of the prior's kept windows, and their weights.
+
+    A P:D split's makespan is the slowest observed path run through the split's stages
+    (``makespan.py``), an estimate of ``E[max_i T_i]`` over one batch. One window's slowest
+    trajectories are a single draw of that maximum, and on a heavy-tailed workload it swings
+    batch to batch (session 13, measured: the ``qwen3-8b-h200`` config's own workload, rho
+    1.7-2.3, on the `make simulate` segment: the best split on 20 workers predicted 277-411 s
+    from one refit to the next while colocation, whose ``rho`` is EMA-blended, moved 299-388 s;
+    PEARL switched mode on the difference, 5 switches, and ran 1.3 % fewer batches an hour than
+    without splits). So the split's estimate is blended like ``rho``: the EMA over windows of
+    the per-window maximum, truncated at ``TAIL_WINDOWS`` windows::
+
+        M_PD = sum_w omega_w max_{j in w} T_j,  omega_w = alpha (1 - alpha)^w  (w = 0 newest),
+        the oldest kept window carrying the rest, (1 - alpha)^(W - 1), so sum_w omega_w = 1
+
+    (``W`` windows kept). A window without enough whole trajectories adds none and leaves the
+    weights as they were. Modelling choice: the paths are the workload's (tokens and environment
+    time per turn), not the allocation's, so windows served by other pools or modes are pooled
+    as they are; a window's maximum is taken per candidate allocation before averaging, since
+    which path is slowest depends on the allocation."""
+    if not paths:
+        return prior.tail_paths, prior.tail_history, prior.tail_weights
+    if not prior.tail_paths:
+        return paths, (), (1.0,)
+    history = (prior.tail_paths, *prior.tail_history)[: TAIL_WINDOWS - 1]
+    n = 1 + len(history)
+    weights = (*(alpha * (1.0 - alpha) ** i for i in range(n - 1)), (1.0 - alpha) ** (n - 1))
+    return paths, history, weights
 
 
 #: width of a ``tail_by_load`` bucket in log2 of the per-worker load (0.5: a factor of 1.41)

@@ -3,7 +3,8 @@
 Life cycle: the Pipeline Scheduler calls ``record`` once per finished turn (all attempts of an
 interrupted turn folded into one ``TelemetryRecord``); after each rollout step the controller
 calls ``refit``, which fits the current window with ``pearl.core.profile.fit_hardware`` /
-``fit_workload`` (EMA weight ``alpha`` = ``PolicySpec.profile_ema_alpha``), makes the result the
+``fit_workload`` (EMA weight ``alpha`` = ``PolicySpec.profile_ema_alpha``; the first window
+replaces what the prior only guesses, ``pearl.core.profile.first_window_alpha``), makes the result the
 current profiles, clears the window and returns them. The decision engine reads ``hardware`` and
 ``workload``. Pure bookkeeping: no clock, no tasks.
 """

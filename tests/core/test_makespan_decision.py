@@ -70,6 +70,26 @@ def test_prefill_capacity_is_checked_over_the_batch(prof8b: Prof) -> None:
     assert np.all(np.diff(small.prefill_util) < 0)  # more prefill workers, less utilised
 
 
+def test_a_prefill_pool_must_hold_every_running_conversations_prefix(prof8b: Prof) -> None:
+    """Session 13: ``max_s B_s (x_s + c_s) <= N_P H_max``; past it the prefill workers' caches evict
+    prefixes about to be reused, and the re-prefills can collapse the pool (measured: 1P3D on 4
+    workers). The bound names itself in the reason; a pool that holds them all is unaffected."""
+    hw, wl = prof8b
+    s = Stages.of(wl)
+    n_p = np.arange(1, 8, dtype=float)
+    for batch in (32, 64, 128):
+        res = disaggregated_makespan(hw, s, wl, batch, n_p, 8 - n_p, 0.95)
+        demand = float((batch * s.alive * (s.x + s.c)).max())
+        assert res.cache_demand == pytest.approx(demand)
+        assert np.array_equal(res.cache_ok, demand <= n_p * hw.kv_capacity_tokens)
+    # a small cache: one prefill worker cannot hold the batch's prefixes, more can
+    small = replace(hw, kv_capacity_tokens=0.6 * float((64 * s.alive * (s.x + s.c)).max()))
+    cands = {c.allocation.label: c for c in evaluate(8, 64, small, wl, PolicySpec(max_prefill_utilization=1.0))}
+    assert not cands["1P7D"].feasible and "prefix cache" in cands["1P7D"].reason
+    assert "prefix cache" not in cands["2P6D"].reason
+    assert decide(8, 64, small, wl, PolicySpec(max_prefill_utilization=1.0)).target.label != "1P7D"
+
+
 def test_sec33_trend_ratio_moves_toward_prefill(prof8b: Prof) -> None:
     hw, wl = prof8b
     pol = PolicySpec()

@@ -10,6 +10,7 @@ import pytest
 
 from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
 from pearl.core.profile import (
+    TAIL_WINDOWS,
     HardwareProfile,
     TelemetryRecord,
     WorkloadProfile,
@@ -92,7 +93,9 @@ def test_colocation_sees_the_share_of_survivors_on_its_worker(prof8b: Prof) -> N
 def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
     hw, wl = prof8b
     recs = [r for i in range(10) for r in _traj(f"t{i}", 3, 10.0 + i)]
-    fitted = fit_workload(wl, recs)
+    # a prior that has seen telemetry: the window blends in and the profile keeps the prior's
+    # later turns (a batch front of many stages for the lagging path below)
+    fitted = fit_workload(replace(wl, samples=1), recs)
     # the 4 slowest whole trajectories, slowest first, each as its turns' (x, c, o, e) in order
     assert len(fitted.tail_paths) == 4
     assert fitted.tail_paths[0] == ((1000.0, 0.0, 100.0, 1.0), (200.0, 1800.0, 100.0, 1.0), (300.0, 2700.0, 100.0, 1.0))
@@ -123,3 +126,43 @@ def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
     c1 = colocated_makespan(hw, Stages.of(one), one, 64, n)[0]
     c2 = colocated_makespan(hw, Stages.of(replace(one, tail_factor=1.5)), replace(one, tail_factor=1.5), 64, n)[0]
     assert c2 > c1
+
+
+def test_split_averages_the_slowest_paths_of_recent_windows(prof8b: Prof) -> None:
+    """Session 13: one window's slowest paths are one draw of the batch maximum, so a split's
+    makespan is the EMA over the last ``TAIL_WINDOWS`` windows of the per-window maximum
+    (``profile._blend_tail_windows``)."""
+    hw, wl = prof8b
+
+    def window(tag: str) -> list[TelemetryRecord]:
+        return [r for i in range(10) for r in _traj(f"{tag}{i}", 3, 10.0 + i)]
+
+    w1 = fit_workload(wl, window("a"), alpha=0.5)
+    assert w1.tail_weights == (1.0,) and w1.tail_history == ()
+    w2 = fit_workload(w1, window("b"), alpha=0.5)
+    assert w2.tail_history == (w1.tail_paths,) and w2.tail_weights == pytest.approx((0.5, 0.5))
+    last = w2
+    for tag in "cdef":
+        last = fit_workload(last, window(tag), alpha=0.5)
+    assert len(last.tail_history) == TAIL_WINDOWS - 1
+    assert last.tail_weights == pytest.approx((0.5, 0.25, 0.125, 0.125))  # the oldest carries the rest
+    # a window with too few whole trajectories adds none and keeps the weights
+    assert fit_workload(last, window("g")[:21]).tail_windows() == last.tail_windows()
+
+    def pd(w: WorkloadProfile) -> float:
+        return float(disaggregated_makespan(hw, Stages.of(w), w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
+
+    short = ((5000.0, 0.0, 300.0, 1.0),) * 6
+    long = ((5000.0, 0.0, 600.0, 1.0),) * 6
+    brief = short[:3]  # paths of different lengths advance together
+    only = replace(w1, tail_history=(), tail_weights=(1.0,))
+    mixed = replace(w1, tail_paths=(short, brief), tail_history=((long,), (brief, long)), tail_weights=(0.5, 0.25, 0.25))
+    expected = (0.5 * pd(replace(only, tail_paths=(short,))) + 0.25 * pd(replace(only, tail_paths=(long,)))
+                + 0.25 * pd(replace(only, tail_paths=(long,))))
+    assert pd(mixed) == pytest.approx(expected)
+    assert pd(replace(only, tail_paths=(brief, short))) == pytest.approx(pd(replace(only, tail_paths=(short,))))
+    # weights that do not match the kept windows (a hand-made profile) fall back to the newest window
+    assert pd(replace(mixed, tail_weights=())) == pytest.approx(pd(replace(only, tail_paths=(short, brief))))
+    # the prefill pool's view restates every kept window
+    v = mixed.prefill_pool_view()
+    assert len(v.tail_history) == 2 and v.tail_weights == mixed.tail_weights

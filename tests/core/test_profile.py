@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from pearl.config import RunConfig
+from pearl.core.makespan import Stages
 from pearl.core.profile import (
     HardwareProfile,
     ProfileError,
@@ -106,7 +107,11 @@ def test_fit_recovers_known_scales(prof30b: tuple[HardwareProfile, WorkloadProfi
     assert fit.a1 / hw.a1 == pytest.approx(1.7, rel=1e-6)
     assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)
     assert fit.b2 / hw.b2 == pytest.approx(2.5, rel=1e-6)
-    half = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
+    # the first window replaces the first-principles prior (first_window_alpha) ...
+    first = fit_hardware(hw, synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
+    assert first.a1 / hw.a1 == pytest.approx(1.7, rel=1e-6) and first.samples == 40
+    # ... later windows blend with alpha
+    half = fit_hardware(replace(hw, samples=1), synthetic(hw, 1.7, 1.3, 2.5, 40), alpha=0.5)
     assert half.a1 / hw.a1 == pytest.approx(1.35, rel=1e-6)
 
 
@@ -324,3 +329,58 @@ def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
     # a turn whose previous turn is not in the window stays as measured
     alone = fit_workload(prior, [r for r in recs if r.turn == 2], alpha=1.0)
     assert alone.cached_tokens[1] == pytest.approx(round(h * sys_p), abs=1)
+
+
+def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtures_prefill(
+        prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """Session 13: a moved colocated turn finds ``moved_hit`` of its prompt cached where it runs
+    (token-weighted over the moved turns), and since ``P(x, c)`` is bilinear the view carries the
+    mixture's mean bilinear term: per turn ``P`` of the view is the mean of kept and moved turns'."""
+    hw, wl = prof8b
+    # 3 of 12 trajectories move at turns 2-3 and find a quarter of their prompt cached there
+    recs = [TelemetryRecord(f"t{t}", k, 1000 * k, (250 * k if k > 1 else 0) if t < 3 else 800 * (k - 1), 100,
+                            env_s=1.0, final=k == 3, moved=t < 3 and k > 1) for t in range(12) for k in (1, 2, 3)]
+    fit = fit_workload(wl, recs, alpha=1.0)
+    assert fit.moved_share == pytest.approx(3 / 12) and fit.moved_hit == pytest.approx(0.25)
+    view = fit.colocated_view()
+    assert view.moved_hit == 0.0 and view.colocated_view() == view
+    for k in (1, 2):  # turns 2 and 3
+        x, c = fit.new_tokens[k], fit.cached_tokens[k]
+        xm, cm = 0.75 * (x + c), 0.25 * (x + c)
+        assert view.new_tokens[k] + view.cached_tokens[k] == pytest.approx(x + c)
+        assert view.new_tokens[k] == pytest.approx(0.75 * x + 0.25 * xm)
+        want = 0.75 * hw.prefill_s(x, c) + 0.25 * hw.prefill_s(xm, cm)
+        st = Stages.of(view, stages=view.max_turns)
+        assert float(st.prefill(hw)[0, k]) == pytest.approx(want)
+        # the mean tokens alone would charge more: the bilinear term is convex in the moved share
+        assert hw.prefill_s(view.new_tokens[k], view.cached_tokens[k]) > want
+    # a profile without moves is its own view; without the mixture term P is that of the mean tokens
+    plain = replace(fit, moved_share=0.0)
+    assert plain.colocated_view() is plain
+    st = Stages.of(plain, stages=plain.max_turns)
+    assert st.q is None and float(st.prefill(hw)[0, 1]) == pytest.approx(hw.prefill_s(plain.new_tokens[1], plain.cached_tokens[1]))
+    # the next window blends the share with alpha (a window without moved turns keeps it)
+    again = fit_workload(fit, [replace(r, moved=False) for r in recs], alpha=0.5)
+    assert again.moved_hit == pytest.approx(0.25) and again.moved_share == pytest.approx(0.125)
+
+
+def test_first_window_replaces_the_priors_guesses_and_blends_the_configured_distributions(
+        prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
+    """Session 13 (``first_window_alpha``): the cache and router statistics and the hardware
+    scales start from the first window; the workload's distributions blend with the prior."""
+    _, wl = prof8b
+    assert wl.samples == 0
+    # every turn-2 prompt of 3000 tokens finds 2700 cached (90 %); the prior guessed less
+    recs = [TelemetryRecord(f"t{t}", k, 1500 * k, 0 if k == 1 else 1350 * k, 200, env_s=1.0, final=k == 2,
+                            moved=t == 0 and k == 2) for t in range(10) for k in (1, 2)]
+    fit = fit_workload(wl, recs, alpha=0.5)
+    prompt = wl.new_tokens[1] + wl.cached_tokens[1] + 0.5 * (3000 - wl.new_tokens[1] - wl.cached_tokens[1])
+    assert fit.new_tokens[1] + fit.cached_tokens[1] == pytest.approx(prompt)  # the prompt blends ...
+    assert fit.cached_tokens[1] / prompt == pytest.approx(0.9)  # ... its cached share is the window's
+    assert fit.output_tokens[1] == pytest.approx(wl.output_tokens[1] + 0.5 * (200 - wl.output_tokens[1]))
+    assert fit.moved_share == pytest.approx(0.1) and fit.moved_hit == pytest.approx(0.9)  # no half of a 0 prior
+    # the second window blends everything with alpha
+    again = fit_workload(fit, [replace(r, cached_tokens=0 if r.turn == 2 else r.cached_tokens, moved=False)
+                               for r in recs], alpha=0.5)
+    assert again.cached_tokens[1] == pytest.approx(0.5 * fit.cached_tokens[1])
+    assert again.moved_share == pytest.approx(0.05)
