@@ -616,9 +616,9 @@ class WorkloadProfile:
 
             x'_k = (1 - m) x_k + m x^m_k,    c'_k = (1 - m) c_k + m c^m_k     (x' + c' = x + c)
 
-        A P:D split's prefill pool keeps conversations (slack rule only) and uses the profile as
-        is. Modelling choice: ``m`` and ``h`` are one measured share each for every turn and pool
-        size.
+        for turns ``k >= 2`` (turn 1 has no earlier worker). A P:D split's prefill pool keeps
+        conversations (slack rule only) and uses the profile as is. Modelling choice: ``m`` and
+        ``h`` are one measured share each for every turn and pool size.
 
         The prefill time is bilinear in the tokens, ``P(x, c) = a0 + a1 x + a2 x (c + x / 2)``,
         so the mean tokens of the mixture do not give its mean prefill. The view keeps the
@@ -643,7 +643,12 @@ class WorkloadProfile:
             return self
         h = min(max(self.moved_hit, 0.0), 1.0)
         xs, cs, qs = [], [], []
-        for q, x, c in zip(self.prefill_quads(), self.new_tokens, self.cached_tokens, strict=True):
+        for k, (q, x, c) in enumerate(zip(self.prefill_quads(), self.new_tokens, self.cached_tokens, strict=True)):
+            if k == 0:  # turn 1 has no earlier worker to move from (the share is of turns k >= 2)
+                xs.append(x)
+                cs.append(c)
+                qs.append(q)
+                continue
             xm, cm = (1.0 - h) * (x + c), h * (x + c)
             xs.append((1.0 - m) * x + m * xm)
             cs.append((1.0 - m) * c + m * cm)

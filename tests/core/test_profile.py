@@ -344,6 +344,8 @@ def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtu
     assert fit.moved_share == pytest.approx(3 / 12) and fit.moved_hit == pytest.approx(0.25)
     view = fit.colocated_view()
     assert view.moved_hit == 0.0 and view.colocated_view() == view
+    # turn 1 has no earlier worker: the moves are of later turns
+    assert (view.new_tokens[0], view.cached_tokens[0]) == (fit.new_tokens[0], fit.cached_tokens[0])
     for k in (1, 2):  # turns 2 and 3
         x, c = fit.new_tokens[k], fit.cached_tokens[k]
         xm, cm = 0.75 * (x + c), 0.25 * (x + c)
