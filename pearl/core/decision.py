@@ -167,16 +167,14 @@ class CandidateTable:
     kv_ok: npt.NDArray[np.bool_]
     kv_demand: float
     kv_capacity: float
-    #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``);
-    #: None: not checked
-    cache_ok: npt.NDArray[np.bool_] | None = None
-    cache_demand: float = 0.0
+    #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``)
+    cache_ok: npt.NDArray[np.bool_]
+    cache_demand: float
     #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility")
     feasible: npt.NDArray[np.bool_] = field(init=False)
 
     def __post_init__(self) -> None:
-        ok = self.prefill_ok & self.kv_ok
-        object.__setattr__(self, "feasible", ok & self.cache_ok if self.cache_ok is not None else ok)
+        object.__setattr__(self, "feasible", self.prefill_ok & self.kv_ok & self.cache_ok)
 
     def __len__(self) -> int:
         return 1 + len(self.n_prefill)
@@ -188,7 +186,7 @@ class CandidateTable:
         if not self.kv_ok[i]:
             n_d = self.n_workers - int(self.n_prefill[i])
             reasons.append(f"KV memory: B*K_seq={self.kv_demand:.0f} > N_D*H_max={n_d * self.kv_capacity:.0f}")
-        if self.cache_ok is not None and not self.cache_ok[i]:
+        if not self.cache_ok[i]:
             n_p = int(self.n_prefill[i])
             reasons.append(f"prefix cache: max B_s*prompt_s={self.cache_demand:.0f} > N_P*H_max={n_p * self.kv_capacity:.0f}")
         return "; ".join(reasons)

@@ -403,7 +403,9 @@ def prefill_service_scv(hw: HardwareProfile, wl: WorkloadProfile) -> float:
     s = np.asarray(wl.survival, dtype=np.float64)
     if s.size == 0 or s.sum() <= 0:
         return 0.0
-    pk = hw.a0 + hw.a1 * np.asarray(wl.new_tokens, dtype=np.float64) + hw.a2 * np.asarray(wl.prefill_quads(), dtype=np.float64)
+    x = np.asarray(wl.new_tokens, dtype=np.float64)
+    q = np.asarray(wl.prefill_quad, dtype=np.float64) if wl.prefill_quad else x * (np.asarray(wl.cached_tokens) + x / 2.0)
+    pk = hw.a0 + hw.a1 * x + hw.a2 * q
     wk = s / s.sum()
     mean = float((wk * pk).sum())
     return float((wk * (pk - mean) ** 2).sum() / mean**2) if mean > 0 else 0.0
@@ -615,9 +617,8 @@ def disaggregated_makespan(
     cache_ok = held <= npf[:, 0] * hw.kv_capacity_tokens
     start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * _first_prefill(hw, wl) / 2.0
     total: F64
-    if wl.tail_paths and st.turns.size:
-        tail = wl.tail_arrays()
-        assert tail is not None
+    tail = wl.tail_arrays()
+    if tail is not None and st.turns.size:
         total = _slowest_path_disagg(hw, st, tail, w, n, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)

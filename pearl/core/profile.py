@@ -442,6 +442,11 @@ def _lsq2(x1: Sequence[float], x2: Sequence[float], y: Sequence[float]) -> tuple
 
 
 # ------------------------------------------------------------------------------------ workload
+#: one slowest trajectory's turns ``(x, c, o, e)`` in order, and the slowest few of one window
+TailPath = tuple[tuple[float, float, float, float], ...]
+TailPaths = tuple[TailPath, ...]
+
+
 class TailArrays(NamedTuple):
     """The slowest paths of every kept window, longest first (``WorkloadProfile.tail_arrays``)."""
 
@@ -455,7 +460,7 @@ class TailArrays(NamedTuple):
     windows: tuple[tuple[float, int], ...]
 
 
-def _tail_arrays(windows: tuple[tuple[float, tuple[tuple[tuple[float, float, float, float], ...], ...]], ...]
+def _tail_arrays(windows: tuple[tuple[float, TailPaths], ...]
                  ) -> TailArrays:
     paths = [path for _wt, ps in windows for path in ps]
     order = sorted(range(len(paths)), key=lambda i: -len(paths[i]))
@@ -484,7 +489,7 @@ class WorkloadProfile:
     tail_factor: float | None = None  # slowest / mean duration of whole trajectories (None: not observed yet)
     #: the slowest whole trajectories of the last window, each as its turns' (x, c, o, e): new
     #: prompt tokens, cached tokens, output tokens, env seconds (``makespan.py``: slowest path)
-    tail_paths: tuple[tuple[tuple[float, float, float, float], ...], ...] = ()
+    tail_paths: TailPaths = ()
     #: fraction of colocated turns (k >= 2) served away from the worker that holds their prefix
     #: cache (cost-aware moves, interruptions): ``colocated_view``
     moved_share: float = 0.0
@@ -497,7 +502,7 @@ class WorkloadProfile:
     tail_by_load: tuple[tuple[int, float, float, int], ...] = ()
     #: the slowest paths of earlier windows, newest first (at most ``TAIL_WINDOWS - 1``), and the
     #: EMA weights of ``(tail_paths, *tail_history)`` (session 13; ``tail_windows``)
-    tail_history: tuple[tuple[tuple[tuple[float, float, float, float], ...], ...], ...] = ()
+    tail_history: tuple[TailPaths, ...] = ()
     tail_weights: tuple[float, ...] = ()
     #: per turn, the mean of the prefill's bilinear term ``x (c + x / 2)`` where the turn is a
     #: mixture whose mean tokens do not give it (``colocated_view``); () = ``x_k (c_k + x_k / 2)``
@@ -531,7 +536,7 @@ class WorkloadProfile:
             object.__setattr__(self, "_tail_memo", _tail_arrays(self.tail_windows()))
         return self._tail_memo
 
-    def tail_windows(self) -> tuple[tuple[float, tuple[tuple[tuple[float, float, float, float], ...], ...]], ...]:
+    def tail_windows(self) -> tuple[tuple[float, TailPaths], ...]:
         """``(weight, paths)`` per kept window, newest first: the windows' slowest paths with the
         EMA weights a P:D split's slowest-path makespan averages its per-window maxima with
         (``makespan.disaggregated_makespan``); one window of weight 1 before any history."""
@@ -720,8 +725,7 @@ def _pd_restate(turns: Sequence[tuple[float, float, float]]) -> list[tuple[float
 def _prefill_pool_view(wl: WorkloadProfile) -> WorkloadProfile:
     turns = _pd_restate(list(zip(wl.new_tokens, wl.cached_tokens, wl.output_tokens, strict=True)))
 
-    def restate(paths: tuple[tuple[tuple[float, float, float, float], ...], ...]
-                ) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
+    def restate(paths: TailPaths) -> TailPaths:
         return tuple(
             tuple((x, c, o, e) for (x, c), (_x, _c, o, e) in zip(_pd_restate([t[:3] for t in path]), path, strict=True))
             for path in paths)
@@ -817,6 +821,7 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     # the cache and the router's statistics start from the first window; the workload's own
     # distributions blend with the configured prior from the start (``first_window_alpha``)
     alpha_c = first_window_alpha(prior.samples, alpha)
+    first = prior.samples <= 0
     by_turn: dict[int, list[TelemetryRecord]] = defaultdict(list)
     for r in recs:
         by_turn[r.turn].append(r)
@@ -847,7 +852,7 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
         kept = [r for r in rs if not r.moved] or rs
         c_k = fmean([r.cached_tokens for r in kept])
         p_k = fmean([r.prompt_tokens for r in rs])
-        if alpha_c != alpha and p_k > 0:
+        if first and p_k > 0:
             # the first window: the prompt blends, its cached share is the window's
             prompt = new[i] + cached[i] + alpha * (p_k - new[i] - cached[i])
             cached[i] = prompt * min(c_k / p_k, 1.0)
@@ -897,9 +902,8 @@ TAIL_WINDOWS = 4
 
 
 def _blend_tail_windows(
-    prior: WorkloadProfile, paths: tuple[tuple[tuple[float, float, float, float], ...], ...], alpha: float
-) -> tuple[tuple[tuple[tuple[float, float, float, float], ...], ...],
-           tuple[tuple[tuple[tuple[float, float, float, float], ...], ...], ...], tuple[float, ...]]:
+    prior: WorkloadProfile, paths: TailPaths, alpha: float
+) -> tuple[TailPaths, tuple[TailPaths, ...], tuple[float, ...]]:
     """The new window's slowest ``paths`` in front of the prior's kept windows, and their weights.
 
     A P:D split's makespan is the slowest observed path run through the split's stages
@@ -1023,7 +1027,7 @@ def _durations(recs: Sequence[TelemetryRecord]) -> dict[str, float]:
 
 
 def _tail_paths(recs: Sequence[TelemetryRecord], kept_share: dict[int, float] | None = None
-                ) -> tuple[tuple[tuple[float, float, float, float], ...], ...]:
+                ) -> TailPaths:
     """The ``TAIL_PATHS`` slowest whole trajectories of the window, each as its turns' (new
     prompt tokens, cached tokens, output tokens, env s) in turn order; () with fewer than
     ``MIN_TRAJECTORIES_FOR_TAIL`` whole trajectories. Modelling choice: the slowest trajectory
