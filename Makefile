@@ -55,9 +55,10 @@ run: setup
 run-tiny: setup
 	$(BIN)/python -m pearl run --config $(CONFIG) --tiny
 
-## simulate: replay a real spot trace at paper scale through the real control plane (virtual time)
+## simulate: replay a real spot trace at paper scale through the real control plane (virtual time);
+## the shipped Bamboo g4dn trace by default (SIM_TRACE=path for another, e.g. a spot-traces JSON)
 SIM_CONFIG ?= configs/qwen3-8b-h200.yaml
-SIM_TRACE ?= ../shared/data/traces/spot-aws-16node-2023-08-27/us-east-2b_v100_1.json
+SIM_TRACE ?= configs/traces/bamboo-g4dn/g4dn-trace.csv
 simulate: setup
 	$(BIN)/python -m pearl simulate --config $(SIM_CONFIG) --trace $(SIM_TRACE) --systems pearl,roll,rlboost+,oracle
 

@@ -2,6 +2,7 @@
 preemptible, batch 64, 32K limit) through the real runtime on the emulated engine, per system.
 
     .venv/bin/python benchmarks/bench_replay.py [--workload paper|config] [--systems pearl,roll]
+        [--trace FILE]   (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)
 
 Prints, per system, wall and CPU seconds (CPU time of this single-threaded process = the one-core
 figure even on a shared machine), simulated engine events, events per CPU second and the ratio of
@@ -11,17 +12,13 @@ simulated to CPU time.
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 from pearl.config import load_config
 from pearl.sim.presets import preset_overrides
 from pearl.sim.simulate import run_system
 from pearl.sim.systems import parse_systems
-from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
-
-SHARED_DIR = Path(os.environ.get("PEARL_SHARED_DIR", Path(__file__).resolve().parent.parent.parent / "shared"))
+from pearl.sim.traces import SHIPPED_TRACE, gpu_timeline, load_trace, pick_segments
 
 
 def main() -> None:
@@ -30,9 +27,10 @@ def main() -> None:
     ap.add_argument("--workload", default="paper")
     ap.add_argument("--segment", default="volatile")
     ap.add_argument("--systems", default="roll,rlboost+,pearl")
+    ap.add_argument("--trace", default=str(SHIPPED_TRACE), help="availability trace (pearl/sim/traces.py formats)")
     a = ap.parse_args()
     cfg = load_config(a.config, preset_overrides(a.workload) or None)
-    tr = load_trace(SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json")
+    tr = load_trace(a.trace)
     p = pick_segments(tr, cfg.cluster)[a.segment]
     tl = gpu_timeline(tr.segment(p.start_hour * 3600, 7200), cfg.cluster)
     print(f"{a.config} workload={a.workload} segment={a.segment}@{p.start_hour:.2f}h (2 h)")

@@ -1,5 +1,10 @@
-"""Shared pytest setup: the opt-in ``gpu`` marker, paths to local models and shared data, and a hang
-watchdog that no test can outlive."""
+"""Shared pytest setup: the opt-in ``gpu`` marker, paths to local models and data, and a hang
+watchdog that no test can outlive.
+
+Data: the real trace and the SWE-bench Lite dev rows ship inside the repository (``SHIPPED_TRACE``,
+``LITE_DEV``, each beside its licence). Data without a licence to redistribute (the spot-traces
+JSON of ``SPOT_AWS``) stays outside: ``PEARL_SHARED_DIR`` names the folder that holds it
+(default: ``shared/`` beside the checkout), and the tests that read it skip when it is absent."""
 
 from __future__ import annotations
 
@@ -19,6 +24,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = Path(os.environ.get("PEARL_MODELS_DIR", ROOT / ".models"))
 SHARED_DIR = Path(os.environ.get("PEARL_SHARED_DIR", ROOT.parent / "shared"))
+SHIPPED_TRACE = ROOT / "configs/traces/bamboo-g4dn/g4dn-trace.csv"
+LITE_DEV = ROOT / "envs/swebench/data/SWE-bench_Lite-dev.json"
+SPOT_AWS = SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27"
+needs_spot_aws = pytest.mark.skipif(
+    not SPOT_AWS.is_dir(),
+    reason=f"the spot-traces JSON ({SPOT_AWS}) is not here: it has no licence to ship in the repository; "
+           "set PEARL_SHARED_DIR to the folder holding data/traces/spot-aws-16node-2023-08-27")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

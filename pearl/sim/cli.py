@@ -1,6 +1,6 @@
 """``python -m pearl simulate`` and ``python -m pearl experiments``: argument parsing only.
 
-The lead's ``pearl/cli.py`` registers the subcommands with::
+``pearl/cli.py`` registers the subcommands with::
 
     from pearl.sim.cli import add_simulate_parser, add_experiments_parser
     add_simulate_parser(subparsers)      # each sets ``func`` (args -> exit code) as a default
@@ -42,7 +42,9 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "simulate", help="replay an availability trace through the real control plane (virtual time)")
     p.add_argument("--config", default="configs/qwen3-8b-h200.yaml", help="run config YAML (or a name in configs/)")
-    p.add_argument("--trace", required=True, help="spot-traces JSON or time_s,available CSV")
+    p.add_argument("--trace", required=True,
+                   help="spot-traces JSON, time_s,available CSV or Bamboo time_ms,add|remove,node event log "
+                   "(shipped: configs/traces/bamboo-g4dn/g4dn-trace.csv)")
     p.add_argument("--start-hour", type=float, default=None, help="segment start in the trace (hours)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length (hours)")
     p.add_argument("--segment", choices=["abundant", "scarce", "volatile", "like-14", "like-10", "like-12"],
@@ -69,7 +71,7 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("which", nargs="?", default="all", choices=["fig5", "fig5-paper", "fig7", "fig8", "table2", "table3", "all", "collect"],
                    help="an experiment, all of them, or collect (rebuild EXPERIMENTS.md from the tables in --out)")
     p.add_argument("--out", default="runs/experiments", help="output folder (tables, PNGs, results.json)")
-    p.add_argument("--trace", default=None, help="trace for Fig. 5 (default: the shared us-west-2a spot trace)")
+    p.add_argument("--trace", default=None, help="trace for Fig. 5 / Fig. 8 / Table 3 (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length for Fig. 5")
     p.add_argument("--workload", default="paper", choices=["config", "paper"],
                    help="workload preset (pearl/sim/presets.py); default: calibrated to the paper")

@@ -50,10 +50,11 @@ from pearl.config import CONFIG_DIR, RunConfig, load_config
 from pearl.sim.presets import preset_overrides
 from pearl.sim.report import markdown_table
 from pearl.sim.systems import ABLATION, SYSTEMS
-from pearl.sim.traces import SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
+from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
-DEFAULT_TRACE = CONFIG_DIR.parent.parent / "shared/data/traces/spot-aws-16node-2023-08-27/us-west-2a_v100_1.json"
+#: Fig. 5 / Fig. 8 / Table 3 trace unless ``--trace`` names another (the shipped Bamboo g4dn trace).
+DEFAULT_TRACE = SHIPPED_TRACE
 FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
 #: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
 #: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
@@ -191,9 +192,10 @@ def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> 
     paper = name == "fig5-paper"
     _bar(out / f"{name}.png", groups, series, "throughput / ROLL",
          "Fig. 5" + (" (paper-matched segments)" if paper else "") + ": end-to-end throughput normalised to ROLL")
-    title = ("## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of us-west-2a "
+    src = next((r["trace"] for r in results.values() if r.get("trace")), "the trace")
+    title = (f"## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of {src} "
              "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
-             if paper else "## Fig. 5: throughput normalised to ROLL (2-hour segments of us-west-2a)")
+             if paper else f"## Fig. 5: throughput normalised to ROLL (2-hour segments of {src})")
     return title + "\n\n" + markdown_table(header, rows) + "\n"
 
 
@@ -223,7 +225,7 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
 
     def keep(i: int, res: dict[str, Any]) -> None:
         model, label, p, sysname, _job = todo[i]
-        r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "systems": {}})
+        r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "trace": Path(trace).name, "systems": {}})
         r["systems"][sysname] = res["systems"][sysname]
         part.write_text(json.dumps(results, indent=1, default=str))
         progress(f"{name} done: {model} {label} {sysname}")
@@ -604,10 +606,11 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     how = (f"tables collected from the last runs in {out} (last run of each, UTC: {stamps}; tables from "
            "different runs may come from different code states)" if which == "collect"
            else f"{time.perf_counter() - t0:.0f} s wall")
+    trace_arg = "" if trace is None or Path(trace) == DEFAULT_TRACE else f" --trace {trace}"
     text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments all --workload {workload}"
-            f"{' --quick' if quick else ''}` (or one of fig5 | fig5-paper | fig7 | fig8 | table2 | table3, then `collect`); "
-            f"{how}. Workload preset `{workload}` (pearl/sim/presets.py). How to read these numbers, and "
-            "which of issue 3's figures they meet: docs/simulation.md, section Results.\n\n" + "\n".join(parts))
+            f"{trace_arg}{' --quick' if quick else ''}` (or one of fig5 | fig5-paper | fig7 | fig8 | table2 | table3, "
+            f"then `collect`); {how}. Workload preset `{workload}` (pearl/sim/presets.py). How to read these numbers, "
+            "and which of the paper's figures they meet: docs/simulation.md, section Results.\n\n" + "\n".join(parts))
     (out / "EXPERIMENTS.md").write_text(text)
     if docs and which in ("all", "collect"):
         Path(docs).parent.mkdir(parents=True, exist_ok=True)

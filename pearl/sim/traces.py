@@ -2,7 +2,7 @@
 
 Formats read natively (``load_trace``):
 
-- spot-traces JSON (the "Can't Be Late", NSDI'24 repository; ``../shared/data/traces``)::
+- spot-traces JSON (the "Can't Be Late", NSDI'24 repository; not shipped here, see docs/simulation.md)::
 
       {"metadata": {"gap_seconds": G}, "data": [count, count, ...]}
 
@@ -10,12 +10,21 @@ Formats read natively (``load_trace``):
 - CSV with a header ``time_s,available``: one row per change point, strictly increasing times,
   first row at time 0. Converted to ticks of the smallest time gap found (the last row lasts one
   gap).
+- Bamboo event log CSV (NSDI'23, uclasystem/bamboo; ``configs/traces/bamboo-g4dn/``, shipped with
+  its MIT licence), no header, one row per node event::
+
+      time_ms,add|remove,node
+
+  Times are integer milliseconds, non-decreasing; a node is added before it is removed and not
+  added twice while up. Converted to instance counts at a tick of ``g`` = the greatest common
+  divisor of the event times (60 s for the shipped trace): ``counts[i]`` = nodes up after every
+  event with ``time_ms <= i * g``; tick 0 is time 0 (before the first event: 0 nodes); the state
+  after the last event lasts one tick.
 
 A broken file raises ``TraceError`` naming the file and the line (CSV) or field (JSON) at fault.
 
-Public names: ``Trace``, ``TraceError``, ``load_trace``, ``SegmentPick``, ``pick_segments``,
-``match_segments``,
-``GpuTimeline``, ``TimedEvent``, ``gpu_timeline``, ``trace_events``, ``DEFAULT_NOTICE_S``.
+Public names: ``Trace``, ``TraceError``, ``load_trace``, ``SHIPPED_TRACE``, ``SegmentPick``,
+``pick_segments``, ``match_segments``, ``GpuTimeline``, ``TimedEvent``, ``gpu_timeline``, ``trace_events``, ``DEFAULT_NOTICE_S``.
 
 Life cycle: ``load_trace`` -> ``Trace.segment(start_s, duration_s)`` (or ``pick_segments``) ->
 ``gpu_timeline(trace, cluster)`` (instances -> preemptible GPUs) -> ``trace_events(timeline)``
@@ -50,11 +59,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.config import ClusterSpec
+from pearl.config import CONFIG_DIR, ClusterSpec
 from pearl.core.events import GpusGranted, GrantedGpu, ReclaimNotice
 
 #: AWS spot interruption notice, seconds.
 DEFAULT_NOTICE_S = 120.0
+#: The real availability trace shipped in the repository (Bamboo's g4dn spot trace, MIT licence
+#: beside it): the default of ``experiments`` and ``make simulate``, and the tests' real trace.
+SHIPPED_TRACE = CONFIG_DIR / "traces" / "bamboo-g4dn" / "g4dn-trace.csv"
+#: The most ticks an event log may expand to (a finer tick than this is refused, not allocated).
+MAX_EVENT_LOG_TICKS = 1_000_000
 
 
 class TraceError(ValueError):
@@ -154,15 +168,68 @@ def _load_csv(path: Path, text: str) -> Trace:
     return Trace(str(path), gap, tuple(counts))
 
 
+def _is_event_log(text: str) -> bool:
+    """First row ``<int>,add|remove,<node>``: a Bamboo event log (else the change-point CSV)."""
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    fields = [f.strip() for f in first.split(",")]
+    return len(fields) == 3 and fields[1] in ("add", "remove")
+
+
+def _load_event_log(path: Path, text: str) -> Trace:
+    events: list[tuple[int, bool, str]] = []  # (time_ms, add?, node)
+    for lineno, row in enumerate(csv.reader(text.splitlines()), start=1):
+        if not row or all(not x.strip() for x in row):
+            continue
+        if len(row) != 3:
+            raise TraceError(f"trace {path}: line {lineno}: expected 3 fields 'time_ms,add|remove,node', got {len(row)}")
+        t_txt, action, node = (x.strip() for x in row)
+        try:
+            t = int(t_txt)
+        except ValueError:
+            raise TraceError(f"trace {path}: line {lineno}: field 'time_ms' is not an integer: {t_txt!r}") from None
+        if t < 0:
+            raise TraceError(f"trace {path}: line {lineno}: field 'time_ms' must be >= 0, got {t}")
+        if events and t < events[-1][0]:
+            raise TraceError(f"trace {path}: line {lineno}: field 'time_ms'={t} goes back in time "
+                             f"(previous {events[-1][0]})")
+        if action not in ("add", "remove"):
+            raise TraceError(f"trace {path}: line {lineno}: field 'action' must be 'add' or 'remove', got {action!r}")
+        if not node:
+            raise TraceError(f"trace {path}: line {lineno}: field 'node' is empty")
+        events.append((t, action == "add", node))
+    if not events:
+        raise TraceError(f"trace {path}: no events")
+    gap_ms = math.gcd(*(t for t, _a, _n in events)) or 1000
+    n_ticks = events[-1][0] // gap_ms + 1
+    if n_ticks > MAX_EVENT_LOG_TICKS:
+        raise TraceError(f"trace {path}: event times share a tick of {gap_ms} ms, which makes {n_ticks} ticks "
+                         f"(more than {MAX_EVENT_LOG_TICKS}); round the times to a coarser tick")
+    up: set[str] = set()
+    counts: list[int] = []
+    j = 0
+    for i in range(n_ticks):
+        while j < len(events) and events[j][0] <= i * gap_ms:
+            t, add, node = events[j]
+            if add and node in up:
+                raise TraceError(f"trace {path}: event {j + 1} (time_ms={t}): node {node!r} added while up")
+            if not add and node not in up:
+                raise TraceError(f"trace {path}: event {j + 1} (time_ms={t}): node {node!r} removed while not up")
+            (up.add if add else up.discard)(node)
+            j += 1
+        counts.append(len(up))
+    return Trace(str(path), gap_ms / 1000.0, tuple(counts))
+
+
 def load_trace(path: str | Path) -> Trace:
-    """Read a spot-traces JSON or a ``time_s,available`` CSV (by extension; else sniffed)."""
+    """Read a spot-traces JSON, a ``time_s,available`` CSV or a Bamboo ``time_ms,add|remove,node``
+    event log (JSON by extension or a leading ``{``; an event log by its first row; else the CSV)."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
         raise TraceError(f"trace {p}: cannot read: {e.strerror}") from None
     if p.suffix.lower() == ".csv" or (p.suffix.lower() != ".json" and not text.lstrip().startswith("{")):
-        return _load_csv(p, text)
+        return _load_event_log(p, text) if _is_event_log(text) else _load_csv(p, text)
     return _load_json(p, text)
 
 

@@ -84,7 +84,7 @@ if __name__ == "__main__":
 
     from envs.swebench.dataset import load_instances
 
-    src = Path(__file__).resolve().parents[3] / "shared/data/swebench/SWE-bench_Lite-dev.json"
+    src = Path(__file__).resolve().parents[2] / "envs/swebench/data/SWE-bench_Lite-dev.json"
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else DATA
     inst = {i.instance_id: i for i in load_instances(src)}["sqlfluff__sqlfluff-1625"]
     with tempfile.TemporaryDirectory() as d:

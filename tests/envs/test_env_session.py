@@ -20,7 +20,7 @@ from envs.toolcall import ToolCall, ToolSet, coding_tools
 from pearl.config import load_config
 from pearl.models import ensure_models
 from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
-from tests.conftest import MODELS_DIR, SHARED_DIR
+from tests.conftest import LITE_DEV, MODELS_DIR
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ async def test_initial_prompt_over_the_limit_is_a_clear_error(tok: Any, repofix_
 
 
 async def test_env_failure_propagates_and_closes(tok: Any) -> None:
-    inst = load_instances(SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json", limit=1)[0]
+    inst = load_instances(LITE_DEV, limit=1)[0]
     env = SWEBenchEnv(docker=DockerCLI(DockerConfig(binary="pearl-no-such-docker")))
     s = EnvSession(env, inst, tok, LIMITS)
     with pytest.raises(EnvUnavailableError, match="not on PATH"):

@@ -29,16 +29,11 @@ from envs.swebench.harness import (
     repo_spec,
 )
 from envs.swebench.prompt import build_prompt
-from tests.conftest import SHARED_DIR
-
-LITE_DEV = SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json"
+from tests.conftest import LITE_DEV
 
 
 @pytest.fixture(scope="module")
 def raw_rows() -> list[dict]:
-    if not LITE_DEV.is_file():
-        pytest.fail(f"shared dataset {LITE_DEV} is not here: put the project's shared/ folder beside the "
-                    "checkout or set PEARL_SHARED_DIR")
     return json.loads(LITE_DEV.read_text())
 
 

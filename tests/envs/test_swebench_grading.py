@@ -19,17 +19,12 @@ from envs.swebench.grading import (
 )
 from envs.swebench.harness import APPLY_PATCH_FAIL, APPLY_PATCH_PASS, END_TEST_OUTPUT, START_TEST_OUTPUT
 from envs.toolcall import ToolCall
-from tests.conftest import SHARED_DIR
+from tests.conftest import LITE_DEV
 from tests.envs.swebench_logs import DATA, record_log
-
-LITE_DEV = SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json"
 
 
 @pytest.fixture(scope="module")
 def insts() -> dict[str, SWEBenchInstance]:
-    if not LITE_DEV.is_file():
-        pytest.fail(f"shared dataset {LITE_DEV} is not here: put the project's shared/ folder beside the "
-                    "checkout or set PEARL_SHARED_DIR")
     return {i.instance_id: i for i in load_instances(LITE_DEV)}
 
 

@@ -19,7 +19,7 @@ from envs.tiny import TinyEnv, TinyTask, make_tiny_tasks, score
 from envs.tiny.env import lcs_length
 from envs.toolcall import ToolCall
 from pearl.config import ConfigError, EnvSpec, load_config
-from tests.conftest import SHARED_DIR
+from tests.conftest import LITE_DEV
 
 
 def test_tiny_score_formula() -> None:
@@ -62,8 +62,7 @@ async def test_suites_from_env_spec(tmp_path: Path) -> None:
     assert len(tiny.tasks) == 3 and isinstance(tiny.make_env(), TinyEnv)
     rf = await build_suite(EnvSpec(kind="repofix", num_tasks=2, projects=["textkit"], workdir=str(tmp_path)))
     assert [t.project for t in rf.tasks] == ["textkit", "textkit"] and isinstance(rf.make_env(), RepoFixEnv)
-    dataset = SHARED_DIR / "data/swebench/SWE-bench_Lite-dev.json"
-    sw = await build_suite(EnvSpec(kind="swebench", dataset=str(dataset), instance_ids=["pydicom__pydicom-901"],
+    sw = await build_suite(EnvSpec(kind="swebench", dataset=str(LITE_DEV), instance_ids=["pydicom__pydicom-901"],
                                    image_namespace="swebench"))
     env = sw.make_env()
     assert isinstance(env, SWEBenchEnv) and sw.tasks[0].instance_id == "pydicom__pydicom-901"

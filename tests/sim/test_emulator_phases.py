@@ -132,8 +132,8 @@ def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
 def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> None:
     """The decode step fitted on one colocated batch (12 workers: ~5 sequences each) predicts the
     emulator's iteration at the larger batches of a P:D split's decode pool (9-16 sequences).
-    Session 12: with the matmul compute added to the memory reads (no roofline) the step came out
-    2-5 % slow at n = 9-12 and every split's makespan with it."""
+    The step is a roofline, ``max(memory reads, compute)``: adding the matmul compute to the memory
+    reads instead makes it 2-5 % slow at n = 9-12, and every split's makespan with it."""
     from pearl.engines.emulated_costs import WorkerCosts
     from pearl.sim.simulate import measure_makespan
 

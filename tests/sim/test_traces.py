@@ -1,4 +1,5 @@
-"""Trace parsing (JSON + CSV, broken files), GPU mapping, events and the segment picker."""
+"""Trace parsing (JSON, change-point CSV, event log; broken files), GPU mapping, events and the segment
+picker, on the trace shipped in the repository (and on the spot-traces JSON when it is here)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from pearl.config import ClusterSpec
 from pearl.core.events import GpusGranted, ReclaimNotice
+from pearl.sim import traces
 from pearl.sim.traces import (
     Trace,
     TraceError,
@@ -19,9 +21,7 @@ from pearl.sim.traces import (
     pick_segments,
     trace_events,
 )
-from tests.conftest import SHARED_DIR
-
-SPOT = SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27"
+from tests.conftest import SHIPPED_TRACE, SPOT_AWS, needs_spot_aws
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -36,9 +36,49 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert t.gap_s == 300.0 and t.counts == (0, 3, 3, 16) and t.duration_s == 1200.0
 
 
+@needs_spot_aws
 def test_real_spot_trace_loads() -> None:
-    t = load_trace(SPOT / "us-east-2b_v100_1.json")
+    t = load_trace(SPOT_AWS / "us-east-2b_v100_1.json")
     assert t.gap_s == 300.0 and len(t.counts) == 3247 and max(t.counts) == 16
+
+
+def test_shipped_event_log_loads() -> None:
+    """152 node events over 10.78 h, all at whole minutes: 647 one-minute ticks; the first node
+    comes up at 8 min; 24 nodes at most; 5 after the last event (at 646 min)."""
+    t = load_trace(SHIPPED_TRACE)
+    assert SHIPPED_TRACE == traces.SHIPPED_TRACE and SHIPPED_TRACE.is_file()
+    assert (SHIPPED_TRACE.parent / "LICENSE").read_text().startswith("MIT License")
+    assert t.gap_s == 60.0 and len(t.counts) == 647 and max(t.counts) == 24
+    assert t.counts[:12] == (0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 21, 21) and t.counts[-1] == 5
+    assert sum(t.counts) == 8146
+    tl = gpu_timeline(t, ClusterSpec())  # clipped at 12 preemptible GPUs
+    assert max(tl.gpus) == 12 and tl.n_changes == 52
+
+
+def test_event_log_ticks_and_node_accounting(tmp_path: Path) -> None:
+    p = write(tmp_path, "ev.csv", "0,add,n1\n90000,add,n2\n90000,add,n3\n180000,remove,n1\n\n270000,remove,n3\n")
+    t = load_trace(p)
+    assert t.gap_s == 90.0 and t.counts == (1, 3, 2, 1)  # gcd(90 s, 180 s, 270 s) = 90 s
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("0,add,n1\n60000,add\n", "line 2: expected 3 fields"),
+        ("0,add,n1\nx,add,n2\n", "line 2: field 'time_ms' is not an integer"),
+        ("60000,add,n1\n0,add,n2\n", "line 2: field 'time_ms'=0 goes back in time"),
+        ("0,add,n1\n60000,drop,n1\n", "line 2: field 'action'"),
+        ("0,add,n1\n60000,add,\n", "line 2: field 'node' is empty"),
+        ("0,add,n1\n60000,add,n1\n", "node 'n1' added while up"),
+        ("0,add,n1\n60000,remove,n2\n", "node 'n2' removed while not up"),
+        ("0,add,n1\n1,add,n2\n3600001,remove,n1\n", "tick of 1 ms, which makes 3600002 ticks"),
+    ],
+)
+def test_broken_event_log_names_file_line_field(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, "bad.csv", text)
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
 
 
 @pytest.mark.parametrize(
@@ -133,10 +173,12 @@ def test_notice_not_before_previous_change() -> None:
 
 
 def test_picker_on_real_trace() -> None:
-    t = load_trace(SPOT / "us-west-2a_v100_1.json")
+    t = load_trace(SHIPPED_TRACE)
     cl = ClusterSpec()
     picks = pick_segments(t, cl, hours=2.0)
     assert set(picks) == {"abundant", "volatile", "scarce"}
+    assert {k: (round(p.start_hour, 4), round(p.mean_gpus, 4), p.n_changes) for k, p in picks.items()} == {
+        "abundant": (6.6667, 12.0, 0), "volatile": (1.9333, 8.775, 27), "scarce": (4.6667, 11.0333, 13)}
     tl = {k: gpu_timeline(t.segment(p.start_hour * 3600, 7200), cl) for k, p in picks.items()}
     assert tl["abundant"].mean >= tl["volatile"].mean >= 0
     assert tl["abundant"].mean >= tl["scarce"].mean >= cl.max_preemptible_gpus / 4
@@ -145,19 +187,36 @@ def test_picker_on_real_trace() -> None:
     assert all(b - a >= 2.0 for a, b in itertools.pairwise(starts))  # disjoint
 
 
-def test_matched_picker_on_real_trace() -> None:
-    """The paper's segments (ROLL-Large 14 / 10 / 12 GPUs = 10 / 6 / 8 preemptible on average)."""
-    t = load_trace(SPOT / "us-west-2a_v100_1.json")
+@pytest.mark.parametrize("hours", [0.5, 2.0])
+def test_matched_picker_on_real_trace(hours: float) -> None:
+    """The paper's segments (ROLL-Large 14 / 10 / 12 GPUs = 10 / 6 / 8 preemptible on average).
+    Half-hour windows of the shipped trace reach every target within 0.4 GPUs; its 2-hour windows
+    average 8.8 GPUs or more once the 10-GPU window is taken, so 6 and 8 get the nearest there is
+    (9.5, 11.13): each pick is checked against every free window, in the order the targets are taken."""
+    t = load_trace(SHIPPED_TRACE)
     cl = ClusterSpec()
     targets = {"a": 10.0, "b": 6.0, "c": 8.0}
-    picks = match_segments(t, cl, targets, hours=2.0)
+    picks = match_segments(t, cl, targets, hours=hours)
     assert list(picks) == ["a", "b", "c"]
+    full = gpu_timeline(t, cl)
+    n = round(hours * 3600 / full.gap_s)
+    taken: list[int] = []
     for k, p in picks.items():
-        tl = gpu_timeline(t.segment(p.start_hour * 3600, 7200), cl)
-        assert tl.mean == pytest.approx(p.mean_gpus) and abs(tl.mean - targets[k]) < 0.5
+        tl = gpu_timeline(t.segment(p.start_hour * 3600, hours * 3600), cl)
+        assert tl.mean == pytest.approx(p.mean_gpus)
+        free = [i for i in range(len(full.gpus) - n + 1) if all(abs(i - j) >= n for j in taken)]
+        nearest = min(abs(sum(full.gpus[i : i + n]) / n - targets[k]) for i in free)
+        assert abs(tl.mean - targets[k]) == pytest.approx(nearest)
         assert p.n_changes > 0  # among equal means the picker prefers the one that moves
+        taken.append(round(p.start_hour * 3600 / full.gap_s))
+    means = {k: round(p.mean_gpus, 4) for k, p in picks.items()}
+    if hours == 0.5:
+        assert all(abs(means[k] - targets[k]) < 0.4 for k in targets)
+        assert means == {"a": 10.0, "b": 6.3667, "c": 8.1}
+    else:
+        assert means == {"a": 10.0, "b": 9.5, "c": 11.1333}
     starts = sorted(p.start_hour for p in picks.values())
-    assert all(b - a >= 2.0 for a, b in itertools.pairwise(starts))
+    assert all(b - a >= hours - 1e-9 for a, b in itertools.pairwise(starts))
 
 
 def test_matched_picker_nearest_and_errors() -> None:
