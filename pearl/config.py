@@ -157,7 +157,7 @@ class WorkloadSpec(_Strict):
     env_step_s: Distribution = Distribution(mean=4.0, cv=1.2, min=0.2, max=120.0)
     prefix_cache_hit: float = Field(default=0.4, ge=0, le=1, description="fraction of previous context found in prefix cache")
     seed: int = 0
-    # Added by the simulation helper (pearl/sim/workload.py documents the model):
+    # The synthetic workload (pearl/sim/workload.py documents the model):
     test_run_prob: float = Field(
         default=0.1, ge=0, le=1, description="probability that an env step is a test run instead of a tool call"
     )
@@ -213,7 +213,7 @@ class PolicySpec(_Strict):
         default=4, ge=0, description="in-flight requests by which a turn's previous worker may exceed the least "
         "loaded before the turn always moves (SGLang's cache-aware router: balance threshold)",
     )
-    # Added by the simulation helper: knobs that turn the one runtime into each evaluated system
+    # Knobs that turn the one runtime into each evaluated system
     # (pearl/sim/systems.py); the defaults are PEARL itself.
     use_preemptible: bool = Field(default=True, description="accept preemptible GPU grants (False: fixed pool)")
     borrow_enabled: bool = Field(default=True, description="borrow idle training GPUs (intra-scale toggle)")
@@ -322,7 +322,7 @@ class TrainSpec(_Strict):
     world_size: int = Field(default=1, ge=1)
     backend: Literal["gloo", "nccl"] = "gloo"
     weight_sync_s: float = Field(default=12.0, ge=0, description="emulated weight sync to rollout workers")
-    # Real trainer (pearl/train; docs/training.md). Added by the training helper.
+    # Real trainer (pearl/train; docs/training.md).
     advantage_scale: Literal["std", "none"] = Field(
         default="std", description="group advantage: (r - mean) / std (GRPO) or r - mean (Dr. GRPO)"
     )
@@ -371,7 +371,7 @@ class AdminSpec(_Strict):
     max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
     submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
     agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
-    # Added by the service helper: rank 0's agent watcher (pearl/runtime/agent_watch.py)
+    # Rank 0's agent watcher (pearl/runtime/agent_watch.py)
     agent_health_period_s: float = Field(default=5.0, gt=0, description="seconds between two health polls of each agent")
     agent_health_timeout_s: float = Field(default=5.0, gt=0, description="a health poll not answered in time is a miss")
     agent_health_misses: int = Field(default=3, ge=1, description="consecutive misses after which a node is lost")
@@ -389,7 +389,7 @@ class PricesSpec(_Strict):
 
 # --------------------------------------------------------------------------------------- env
 class EnvSpec(_Strict):
-    """The agent environment of a real run (``envs/``, docs/envs.md). Added by the environments helper.
+    """The agent environment of a real run (``envs/``, docs/envs.md).
 
     The trajectory token limit is ``workload.max_trajectory_tokens``; the episode ends (and, with
     ``on_limit: submit``, is graded as it stands) when it, ``max_turns`` or a per-turn budget runs out.
@@ -500,7 +500,7 @@ def _resolve_part(value: Any, kind: str, base: Path) -> Any:
     """A part given by name (``qwen3-8b``) or path is read from ``configs/<kind>s/``.
 
     A mapping with ``from: NAME`` takes that part and overrides some of its fields, e.g.
-    ``model: {from: qwen3-8b, path: /models/Qwen3-8B}`` (added by the environments helper).
+    ``model: {from: qwen3-8b, path: /models/Qwen3-8B}``.
     """
     if isinstance(value, dict) and isinstance(value.get("from"), str):
         parent = _resolve_part(value["from"], kind, base)

@@ -525,8 +525,8 @@ class EmulatedEngine:
 
     def _abort_worker(self, w: _Worker) -> None:
         # PD: a request still prefilling elsewhere is bound for its decode worker too (``d_worker``);
-        # aborting only those already on it let a draining decode worker take new hand-offs and
-        # serve them to the end (session 2: borrowed-GPU returns of 22-38 s instead of ~4 s)
+        # aborting only those already on it would let a draining decode worker take new hand-offs
+        # and serve them to the end (borrowed-GPU returns of 22-38 s instead of ~4 s)
         for r in list(self._inflight.values()):
             if w.id in r.workers or r.d_worker == w.id:
                 self._abort(r)

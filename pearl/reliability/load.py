@@ -9,7 +9,7 @@ sessions), in virtual time, twice:
   simulation costs CPU too);
 * ``engine="instant"`` - ``InstantEngine`` answers every request at once with its full token
   budget, so the CPU measured is the control plane's own (pipeline, routing, telemetry, sessions,
-  asyncio) - the figure the issue asks for: control-plane CPU time per request.
+  asyncio) - the figure this measures: control-plane CPU time per request.
 
 Reported per variant: requests served, peak trajectories in flight, process CPU seconds, CPU
 microseconds per request, wall seconds, virtual makespan. ``benchmarks/bench_load.py`` prints

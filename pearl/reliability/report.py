@@ -223,8 +223,8 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
             ["problems", sec["problems"] or "none"],
         ]),
         "",
-        "Auth on every route, body-size and rate limits are also unit-tested in `tests/admin/` (the service "
-        "helper's schemathesis run covers the OpenAPI document).",
+        "Auth on every route, body-size and rate limits are also unit-tested in `tests/admin/` "
+        "(`tests/admin/test_schemathesis.py` covers the OpenAPI document).",
         "",
         f"## Load ({load_trajectories} concurrent trajectories, `benchmarks/bench_load.py`)",
         "",

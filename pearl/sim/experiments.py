@@ -336,13 +336,12 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
     the K seeds cannot resolve. ``cost`` is what the decisions themselves cost: the mean over the
     seeds of *that seed's* choice's excess over the empirical best (``cost_se`` its standard
     error; it can be negative, where a seed's own choice beats the allocation that is best on
-    average). Why both (session 8): the modal choice can miss the best by a tie while the seeds'
-    choices cost ~0 (at 26 workers the engine picked 8P18D on 14 of 24 seeds, 9P17D is best on
-    average, and the choices cost -0.26 %), and a modal match can hide costly seeds (8 workers,
-    before session 8: 3P5D on 11 of 24 seeds, the other 13 cost 1.07 % on average). Why K seeds
-    (session 5, measured): one batch's makespan varies by
-    ~3-8 % from seed to seed and the top P:D splits at 24-28 workers are within 0.1-0.5 % of each
-    other, so with one seed the "best" there was the seed's draw."""
+    average). Why both: the modal choice can miss the best by a tie while the seeds' choices cost
+    ~0, and a modal match can hide costly seeds (a choice made on 11 of 24 seeds says nothing of
+    what the other 13 cost). Why K seeds: one batch's makespan varies by ~3-8 % from seed to seed
+    and the top P:D splits at 24-28 workers are within 0.1-0.5 % of each other, so with one seed
+    the "best" there is the seed's draw (``python -m pearl experiments table2``: the per-seed
+    makespans are in ``runs/experiments/table2.json``)."""
     seeds = list(per_seed)
     labels = [lab for lab in seeds[0]["measured"] if all(lab in r["measured"] for r in seeds)]
     mean = {lab: statistics.fmean(r["measured"][lab] for r in seeds) for lab in labels}
@@ -378,7 +377,7 @@ def combine_table2_seeds(per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any
 
 def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
     """Two comparisons per budget (paper Table 2 compares P:D ratios), each over K paired workload
-    seeds (``combine_table2_seeds``; a result saved before session 5 counts as one seed):
+    seeds (``combine_table2_seeds``; a saved result without per-seed runs counts as one seed):
 
     * the full decision (mode and ratio, no hysteresis: ``decide`` with no current allocation)
       vs the best of colocation and every split;
@@ -496,8 +495,8 @@ def _reruns_markdown(rerun: Mapping[str, Any], fig5_results: Mapping[str, Any]) 
         rows.append([key, round(tph, 1), ratio("roll"), ratio("rlboost+"), ratio("oracle"),
                      rc.get("mode_switch", 0), rc.get("borrow", 0), p.get("makespan_prediction_error_piecewise"),
                      p.get("makespan_prediction_error")])
-    return ("\n\nThe pearl replays above (current code) against the fig5 runs of the other systems "
-            "(an earlier code state; roll and rlboost+ are colocated-only):\n\n"
+    return ("\n\nThe pearl replays above (this code) against the other systems' runs saved in fig5.json "
+            "(possibly from another code state; roll and rlboost+ are colocated-only):\n\n"
             + markdown_table(["segment", "pearl traj/h", "vs roll", "vs rlboost+", "vs oracle", "mode switches",
                               "borrows", "predictor err (piecewise)", "predictor err (batch start)"], rows))
 

@@ -8,14 +8,12 @@
             mode writes long turns (~1K tokens of reasoning + tool call), SWE-agent style prompts
             carry instructions, demonstrations and repository context (~12K tokens), tool calls
             (ls, grep, edit) return in ~1 s, and test runs are rarer (5 %, ~8 s). Measured in the
-            emulator on fixed colocated pools (``measure_makespan``, 2 batches, Qwen3-8B on H200,
-            no trainer, session 11): makespan 675 s on 4 GPUs, 307 s on 16, 271 s on 24, 251 s
-            on 32, 223 s on 64 (paper: ~216 s with an unlimited pool; 16 -> 24 -> 32 GPUs:
-            -10.3 %, -8.9 %; ours: -11.7 %, -7.5 %). The figures that stood here before (421 /
-            245 / 233 / 219 / 207 s, a curve flatter than the paper's) no longer matched the
-            emulator.
+            emulator on fixed colocated pools (``pearl.sim.simulate.measure_makespan(cfg, n,
+            "coloc", 2)``, Qwen3-8B on H200, no trainer): makespan 675 s on 4 GPUs, 307 s on 16,
+            271 s on 24, 251 s on 32, 223 s on 64 (paper: ~216 s with an unlimited pool; 16 -> 24
+            -> 32 GPUs: -10.3 %, -8.9 %; ours: -11.7 %, -7.5 %).
 
-            Prefix reuse (``emulator.prefix_reuse`` 0.3, session 2), from the paper's Sec. 3.2
+            Prefix reuse (``emulator.prefix_reuse`` 0.3), from the paper's Sec. 3.2
             token / time split of colocated rollout (Qwen3-30B-A3B): prefill processes 96.68 % of
             tokens in 26.48 % of the time. With an ideal per-conversation cache our workload would
             compute only 57.5 % of its tokens in prefill (and spend 3.7 % of the time there); the

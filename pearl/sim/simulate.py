@@ -41,10 +41,10 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
     makespan_prediction_error median |predicted - observed| / observed over rollout batches:
                               predicted = the runtime's prediction at the batch's start (the
                               decision in force composed with the borrow / return schedule known
-                              then, ``ElasticScheduler.batch_prediction``; session 4),
+                              then, ``ElasticScheduler.batch_prediction``),
                               observed = that batch's makespan in the emulator
     makespan_prediction_bias  median (predicted - observed) / observed, the same batches: its sign
-                              says whether the predictor runs short (< 0) or long (session 10)
+                              says whether the predictor runs short (< 0) or long (> 0)
     interruptions, sim_events, sim_events_per_s, wall_s, role_hours
     router_moves              turns that left their previous worker: {"slack": past affinity_slack,
                               "cost": by the cost-aware rule} (pearl/core/affinity.py)
@@ -141,15 +141,14 @@ def _piecewise_error(raw: dict[str, Any], placed: bool = False) -> tuple[float |
     land mid-batch). While the decision with predicted makespan ``M_i`` is in force for ``dt_i``,
     the batch progresses at rate ``1 / M_i``; the predicted makespan is when the progress
     ``sum_i dt_i / M_i`` reaches 1 (extrapolated at the last rate if the batch ended before;
-    ``pearl.core.makespan.compose_makespan``; session 3: the loop written here before
-    extrapolated at the batch-start allocation's rate, against this definition)::
+    ``pearl.core.makespan.compose_makespan``)::
 
         M_hat = t_j + (1 - sum_{i<j} dt_i / M_i) M_j     (j: the segment in which progress reaches 1)
 
     Modelling choice: progress is linear in time within an allocation (the predictor's makespan is
     for a whole batch; the tail of a batch is slower per trajectory, so this is an approximation).
 
-    ``placed=True`` (session 3, ``makespan_prediction_error_placed``): the same composition, but a
+    ``placed=True`` (``makespan_prediction_error_placed``): the same composition, but a
     colocated allocation that *grew* mid-batch is predicted for the pool the in-flight batch can
     use under the router's conversation affinity, not for the whole pool: ``M_i = M_coloc(n_eff)``
     with ``n_eff = sticky_pool(B, n_placed, N_i, s)`` (``pearl.core.makespan``, formula there;

@@ -68,8 +68,8 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
             assert rep is not None and not rep.errors, rep
             assert roles(ctrl) == want
             # Batch k+1 may have started before the switch; batch k+2 starts after it, so its requests
-            # are served by the new topology only. (A fixed batch count raced fast machines: all three
-            # batches could finish colocated before the first switch.) ``recent`` is trimmed only past
+            # are served by the new topology only. (Waiting for a fixed batch count races fast machines: all
+            # three batches can finish colocated before the first switch.) ``recent`` is trimmed only past
             # thousands of records, so slicing from n0 gives exactly the records after the switch.
             k, n0 = ctrl.pipeline.stats.rollout_step, len(ctrl.tracker.recent)
             await asyncio.wait_for(ctrl.wait_batches(k + 2), WAIT_S)

@@ -18,7 +18,7 @@ def test_admin_api_probe_is_clean() -> None:
 
 
 def test_probe_catches_a_token_in_the_access_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The access logger before the fix logged the raw request line (query string included)."""
+    """An access logger that logs the raw request line (query string included) is caught."""
     from pearl.admin import app
 
     def leaky(self, request, response, time):  # type: ignore[no-untyped-def]
