@@ -119,3 +119,16 @@ def test_table2_combines_paired_seeds_and_names_ties() -> None:
     assert "| tie |" in md and "Full decision matches: 1/2 (2/2 within 1 %, 1 statistical ties" in md
     # a result saved before multi-seed Table 2 (one seed, no "seeds" key) still renders
     assert "| 8 + no overlap | 4P4D (1/1) | 4P4D |" in table2_markdown({"8": seeds[0]})
+
+
+def test_experiments_page_names_the_command_and_its_trace(tmp_path: Path) -> None:
+    """The page's header is the command that regenerates it: ``--trace`` where the trace is not the
+    shipped default, nothing where it is."""
+    from pearl.sim.experiments import DEFAULT_TRACE, run_experiments
+
+    spot = tmp_path / "us-west-2a_v100_1.json"
+    text = run_experiments("collect", tmp_path, trace=str(spot), docs=None).read_text()
+    assert f"`python -m pearl experiments all --workload paper --trace {spot}`" in text
+    text = run_experiments("collect", tmp_path, trace=str(DEFAULT_TRACE), docs=None).read_text()
+    assert "`python -m pearl experiments all --workload paper` (or one of" in text
+    assert "--trace" not in run_experiments("collect", tmp_path, docs=None).read_text()
