@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TEXT_TARGETS = {"trace_json", "trace_csv", "config_yaml"}
+TEXT_TARGETS = {"trace_json", "trace_csv", "trace_event_log", "config_yaml"}
 
 
 def available() -> bool:
@@ -76,6 +76,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - runs as its own process
             tgt.run(arg)
 
     seeds = {"trace_json": json.dumps(fuzz.BASE_TRACE_JSON), "trace_csv": fuzz.BASE_TRACE_CSV,
+             "trace_event_log": fuzz.BASE_TRACE_EVENTS,
              "config_yaml": yaml.safe_dump(fuzz.base_config()), "config": json.dumps(fuzz.base_config()),
              "cloud_eventbridge": json.dumps(fuzz.BASE_AWS), "cloud_instance_action": json.dumps(fuzz.BASE_IMDS),
              "state": json.dumps(fuzz.BASE_STATE), "plan_target": json.dumps(fuzz.BASE_TARGETS[0])}

@@ -97,6 +97,7 @@ BASE_TARGETS: list[dict[str, Any]] = [
 ]
 BASE_TRACE_JSON: dict[str, Any] = {"metadata": {"gap_seconds": 300}, "data": [3, 4, 4, 2, 0, 5, 12, 16, 1]}
 BASE_TRACE_CSV = "time_s,available\n0,4\n300,2\n900,6\n1200,0\n"
+BASE_TRACE_EVENTS = "0,add,node1\n60000,add,node2\n60000,add,node3\n180000,remove,node2\n240000,remove,node1\n"
 BASE_AWS: dict[str, Any] = {
     "version": "0", "id": "7193a0b6-0f4b-1d57-9d54-f8a6a1f1c2a0",
     "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
@@ -188,6 +189,7 @@ def strategies() -> dict[str, SearchStrategy[Any]]:
             text_edits.map(lambda e: edit_text(json.dumps(BASE_TRACE_JSON), e)),
         ),
         "trace_csv": text_edits.map(lambda e: edit_text(BASE_TRACE_CSV, e)),
+        "trace_event_log": text_edits.map(lambda e: edit_text(BASE_TRACE_EVENTS, e)),
         "cloud_eventbridge": mutated(BASE_AWS),
         "cloud_instance_action": st.tuples(mutated(BASE_IMDS), st.text(min_size=1, max_size=10)),
         "state": mutated(BASE_STATE),
@@ -215,7 +217,10 @@ def _trace(text: str, suffix: str) -> object:
     from pearl.sim import traces
 
     src = Path(f"<fuzz>{suffix}")
-    tr = traces._load_csv(src, text) if suffix == ".csv" else traces._load_json(src, text)
+    if suffix == ".log":
+        tr = traces._load_event_log(src, text)
+    else:
+        tr = traces._load_csv(src, text) if suffix == ".csv" else traces._load_json(src, text)
     tl = traces.gpu_timeline(tr, ClusterSpec())
     evs = traces.trace_events(tl)
     for e in evs:  # a parsed trace must yield events on finite times
@@ -279,6 +284,9 @@ def targets() -> dict[str, FuzzTarget]:
                                  "sim.traces.load_trace (spot-traces JSON) -> gpu_timeline -> trace_events"),
         "trace_csv": FuzzTarget("trace_csv", lambda t: _trace(t, ".csv"), (TraceError,),
                                 "sim.traces.load_trace (time_s,available CSV) -> gpu_timeline -> trace_events"),
+        "trace_event_log": FuzzTarget("trace_event_log", lambda t: _trace(t, ".log"), (TraceError,),
+                                      "sim.traces.load_trace (Bamboo time_ms,add|remove,node log) -> gpu_timeline "
+                                      "-> trace_events"),
         "cloud_eventbridge": FuzzTarget("cloud_eventbridge", _eventbridge, (ValidationError,),
                                         "admin AWS EventBridge spot warning -> CloudNotice"),
         "cloud_instance_action": FuzzTarget("cloud_instance_action", _instance_action, (ValidationError,),

@@ -84,7 +84,8 @@ def build_report(seeds: int = 5, events: int = 100, fuzz_examples: int = 2000, l
     ok &= all(not r["crashes"] for r in fuzz)
     ath: list[tuple[str, int, bool]] = []
     if atheris_fuzz.available() and atheris_runs > 0:
-        for t in ("state", "plan_target", "trace_json", "trace_csv", "cloud_eventbridge", "cloud_instance_action"):
+        for t in ("state", "plan_target", "trace_json", "trace_csv", "trace_event_log", "cloud_eventbridge",
+                  "cloud_instance_action"):
             log(f"atheris {t} ({atheris_runs} runs)...")
             done, crashed = atheris_fuzz.run_atheris(t, atheris_runs)
             ath.append((t, done, crashed))
