@@ -1,4 +1,4 @@
-"""Elastic Scheduler + Rebuilder + Toggle Manager driven through the Controller on the emulator."""
+"""The Controller's composition (Elastic Scheduler, Rebuilder, Toggle Manager, pipeline) on the emulator."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _cfg(**kw):
     return config(**base)
 
 
-def _controller(clock, cfg, turns=40):
+def _controller(clock, cfg, turns=40, state_listeners=()):
     eng = engine(clock, cfg)
     sessions: dict[str, ScriptedSession] = {}
 
@@ -27,7 +27,7 @@ def _controller(clock, cfg, turns=40):
         sessions[spec.traj_id] = s
         return s
 
-    ctl = Controller(cfg, eng, factory, clock=clock)
+    ctl = Controller(cfg, eng, factory, clock=clock, state_listeners=state_listeners)
     return ctl, eng, sessions
 
 
@@ -91,11 +91,10 @@ def test_events_are_idempotent_on_event_id() -> None:
 def test_expansion_is_admitted_as_a_whole_group() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
         seen: list[set[str]] = []
+        ctl, _eng, _ = _controller(clock, _cfg(), state_listeners=[lambda s: seen.append(
+            {w.worker_id for w in s.workers.values() if w.status.value == "active"})])
         await ctl.start()
-        ctl.executor.listeners.append(lambda s: seen.append(
-            {w.worker_id for w in s.workers.values() if w.status.value == "active"}))
         t0 = clock.now()
         await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
         grp = await _expansion_settled(ctl)
@@ -115,10 +114,9 @@ def test_failed_member_cancels_the_whole_expansion() -> None:
     async def main():
         clock = LoopClock()
         cfg = _cfg()
-        ctl, eng, _ = _controller(clock, cfg)
         seen: list[set[str]] = []
+        ctl, eng, _ = _controller(clock, cfg, state_listeners=[lambda s: seen.append(set(s.workers))])
         await ctl.start()
-        ctl.executor.listeners.append(lambda s: seen.append(set(s.workers)))
         eng.fail_next_launch(gpu="p2")
         await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
         grp = await _expansion_settled(ctl)
@@ -348,16 +346,14 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
     from dataclasses import replace
 
     from pearl.core.decision import Allocation, Mode
+    from pearl.core.outlook import hold_s
+    from pearl.core.override import Decider
 
-    async def main():
-        clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg(**{"policy.gate_enabled": True}))
-        el = ctl.elastic
-        orig = el.decide
-        want = {"split": False}
+    want = {"split": False}
 
-        def steer(n, current):
-            d = orig(n, current)
+    class Steered(Decider):
+        def decide(self, n, current):
+            d = Decider.decide(self, n, current)
             co = d.table.candidate(0)
             if not want["split"]:
                 return replace(d, target=co.allocation, predicted_makespan_s=co.makespan_s,
@@ -368,12 +364,16 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
             return replace(d, target=split, switched=True, forced=False, predicted_makespan_s=co.makespan_s / 1.2,
                            reason="test: a split 20 % faster")
 
-        el.decide = steer
+    async def main():
+        clock = LoopClock()
+        ctl, _eng, _ = _controller(clock, _cfg(**{"policy.gate_enabled": True}))
+        el = ctl.elastic
+        el.decider = lambda: Steered(el.cfg.workload.batch_size, el.tracker.hardware, el.tracker.workload, el.policy)
         await ctl.start()
         await clock.sleep(30.0)
         await ctl.notify(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"))  # lends o-t0, o-t1
         n_lent = el.slots(el.budget())
-        hold = (el._hold_s(n_lent, True, 100.0), el.costs.deactivation_s)
+        hold = (hold_s(el.outlook(), n_lent, True, 100.0), el.costs.deactivation_s)
         want["split"] = True
         await el.replan("batch boundary with lent GPUs", batch_boundary=True)
         held = (el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
