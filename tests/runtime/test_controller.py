@@ -375,7 +375,8 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
         n_lent = el.slots(el.budget())
         hold = (hold_s(el.outlook(), n_lent, True, 100.0), el.costs.deactivation_s)
         want["split"] = True
-        await el.replan("batch boundary with lent GPUs", batch_boundary=True)
+        out = await el.replan("batch boundary with lent GPUs", batch_boundary=True)
+        assert out.switch is not None and out.switch.held and out.decision == out.switch.decision
         held = (el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
         want["split"] = False
         await ctl.notify(TrainingStarted(2, event_id="ts2"))  # the lent GPUs go back

@@ -1,0 +1,243 @@
+"""Elastic Scheduler alone: its queue, handlers and re-plans over the executor, rebuilder, toggle
+manager, tracker and pipeline it is given (the emulated engine underneath; no Controller, no
+rollout batch running)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pearl.config import RunConfig
+from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
+from pearl.core.outlook import Expansion, Reclaim, pool_changes
+from pearl.core.planner import StepKind
+from pearl.core.state import ClusterState, Gpu, WorkerStatus, Zone
+from pearl.runtime.clock import LoopClock, run_virtual
+from pearl.runtime.control import UnknownResourceError
+from pearl.runtime.elastic import ElasticScheduler
+from pearl.runtime.rebuilder import ClusterRebuilder
+from pearl.runtime.toggle import ToggleManager
+
+from .helpers import Rig, config, rig
+
+
+def _cfg(**kw: object) -> RunConfig:
+    base: dict[str, object] = {"workload.batch_size": 8, "workload.group_size": 4, "policy.gate_enabled": False,
+                               "train.step_time_s": 100.0, "policy.cost_ema_alpha": 0.5}
+    base.update(kw)
+    return config(**base)
+
+
+def _state(training: int = 2) -> ClusterState:
+    return ClusterState.build([Gpu("r0", Zone.RESERVED, "rnode0"), Gpu("r1", Zone.RESERVED, "rnode0")]
+                              + [Gpu(f"t{i}", Zone.OVERLAP, "tnode0") for i in range(training)])
+
+
+def _scheduler(clock: LoopClock, cfg: RunConfig | None = None,
+               state: ClusterState | None = None) -> tuple[ElasticScheduler, Rig]:
+    r = rig(clock, state or _state(), cfg or _cfg())
+    rb = ClusterRebuilder(r.executor, r.engine, clock, r.latest_weights)
+    tg = ToggleManager(r.executor, r.engine, clock, r.cfg.cluster.tp_size)
+    return ElasticScheduler(r.cfg, clock, r.executor, rb, tg, r.tracker, r.pipeline), r
+
+
+async def _started(el: ElasticScheduler) -> None:
+    """Start the queue, plan the reserved workers and wait until their expansion is admitted."""
+    el.start()
+    await el.toggle.prepare(0, "emulated://v0")
+    out = await el.replan("startup")
+    assert out.expansion is not None
+    task = el.rebuilder.groups[out.expansion].task
+    assert task is not None
+    await task
+    await el.idle()
+
+
+def _grant(*ids: str, eid: str = "") -> GpusGranted:
+    return GpusGranted(tuple(GrantedGpu(g, "pnode0", "i-1") for g in ids), event_id=eid)
+
+
+def _active(el: ElasticScheduler) -> set[str]:
+    return {w for w, x in el.executor.state.workers.items() if x.status is WorkerStatus.ACTIVE}
+
+
+def test_the_first_replan_decides_plans_and_launches_the_workers_as_one_expansion() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock)
+        el.start()
+        out = await el.replan("startup")
+        before = set(el.executor.state.workers)
+        assert out.expansion is not None
+        task = el.rebuilder.groups[out.expansion].task
+        assert task is not None
+        await task
+        await el.idle()
+        await el.close()
+        return el, out, before
+
+    el, out, before = run_virtual(main())
+    assert out.reason == "startup" and out.errors == () and out.error == ""
+    assert out.decision is not None and out.decision.n_workers == 2 and el.allocation == out.decision.target
+    assert out.plan is not None and [s.kind for s in out.plan.steps] == [StepKind.ADD, StepKind.ADD]
+    assert out.report is not None and out.report.steps == 0  # ADD steps are the rebuilder's
+    assert out.switch is not None and out.switch.gate is None  # a first decision passes the switch hold
+    assert before == set()  # preparing members stay outside the state
+    assert _active(el) == {"w-r0-0", "w-r1-0"}
+    assert el.reconfigurations == {"expansion": 1}
+    kinds = [h["kind"] for h in el.history]
+    assert kinds == ["expand_started", "replan", "replan", "expand_admitted"]
+
+
+def test_an_empty_budget_has_nothing_to_decide() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, state=ClusterState.build([Gpu("t0", Zone.OVERLAP)]))
+        return el, await el.replan("nothing lent")
+
+    el, out = run_virtual(main())
+    assert out.decision is None and out.plan is None and out.report is not None and out.errors == ()
+    assert el.allocation is None
+    assert el.history[-1]["detail"] == "no rollout GPU in the budget: nothing to decide"
+
+
+def test_bad_events_are_refused_with_named_errors() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock)
+        el.start()
+        with pytest.raises(ValueError, match="a grant must name at least one GPU"):
+            await el.submit(GpusGranted(()))
+        with pytest.raises(ValueError, match=r"\['r0'\] are already in the cluster"):
+            await el.submit(_grant("r0"))
+        with pytest.raises(UnknownResourceError):
+            await el.submit(ReclaimNotice(("p9",), deadline=10.0))
+        with pytest.raises(ValueError, match="r1 is a reserved GPU; only preemptible GPUs can be reclaimed"):
+            await el.submit(ReclaimNotice(("r1",), deadline=10.0))
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        with pytest.raises(ValueError, match="deadline: inf is not a finite clock time"):
+            await el.submit(ReclaimNotice(("p0",), deadline=math.inf))
+        with pytest.raises(UnknownResourceError):
+            await el.submit(NoticeCancelled("n-none"))
+        again = await el.submit(_grant("p0", eid="g1"))
+        await el.close()
+        return again
+
+    again = run_virtual(main())
+    assert not again.applied and again.duplicate and again.event_id == "g1"
+
+
+def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock)
+        await _started(el)
+        await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
+        await clock.sleep(60.0)
+        await el.submit(TrainingFinished(1, 1, expected_idle_s=300.0, event_id="tf1"), wait=True)  # lends t0, t1
+        lent = el.outlook()
+        await el.submit(_grant("p0", "p1", eid="g1"), wait=True)  # an expansion starts preparing
+        now = clock.now()
+        await el.submit(ReclaimNotice(("p0",), deadline=now + 200.0, notice_id="n1", event_id="rc1"), wait=True)
+        o = el.outlook()
+        changes = pool_changes(o, True, 6)
+        await el.close()
+        return el, lent, o, now, changes
+
+    el, lent, o, now, changes = run_virtual(main())
+    assert el.train_step_s == 100.0 + 0.5 * (60.0 - 100.0)  # EMA of the 60-s span
+    assert lent.lent_workers == 2 and lent.idle_window_s == 300.0 and lent.trainings_seen == 1
+    assert lent.decision is not None and lent.decision.n_workers == 4
+    assert o.reclaims == (Reclaim(now + 200.0, frozenset({"p0"}), 0),)
+    (x,) = o.expansions
+    assert x.gpus == frozenset({"p0", "p1"}) and x.workers == 2 and x.ready_at is None
+    assert isinstance(x, Expansion)
+    # the expansion is on a noticed GPU (its shrink cancels it); the lent workers leave and return
+    d_ret, d_act = o.costs.deactivation_s, o.costs.activation_s
+    assert [(c.delta, c.regrowth) for c in changes] == [(-2, False), (2, True)]
+    assert changes[1].offset_s == pytest.approx(d_ret + o.train_step_s + d_act)
+
+
+def test_a_failed_worker_is_removed_and_a_replacement_prepared() -> None:
+    async def main():
+        clock = LoopClock()
+        el, r = _scheduler(clock, state=_state(0))
+        await _started(el)
+        el.worker_failed("w-r0-0", "server exited")
+        await el.idle()
+        pending = [sorted(g.members) for g in el.rebuilder.pending()]
+        running = r.engine.worker_ids()
+        await el.close()
+        return el, pending, running
+
+    el, pending, running = run_virtual(main())
+    assert el.reconfigurations["worker_failed"] == 1 and "w-r0-0" not in el.executor.state.workers
+    assert "w-r0-0" not in running
+    assert len(pending) == 1 and len(pending[0]) == 1 and pending[0][0].startswith("w-r0-")
+    assert pending[0][0] != "w-r0-0"
+    failed = [h for h in el.history if h["kind"] == "worker_failed"]
+    assert failed == [{"t": failed[0]["t"], "kind": "worker_failed", "worker": "w-r0-0", "reason": "server exited"}]
+
+
+def test_training_start_waits_for_the_borrowed_gpus_to_come_back() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock)
+        await _started(el)
+        await el.submit(TrainingFinished(0, 0, expected_idle_s=300.0, event_id="tf0"), wait=True)
+        serving = _active(el)
+        await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
+        back = (el.toggle.borrowed, _active(el))
+        await el.close()
+        return el, serving, back
+
+    el, serving, (borrowed, after) = run_virtual(main())
+    # the retained workers were parked first (state version 2 when the reserved workers were named)
+    assert serving == {"w-r0-2", "w-r1-2", "o-t0", "o-t1"}
+    assert not borrowed and after == {"w-r0-2", "w-r1-2"}
+    assert el.reconfigurations["borrow"] == 1 and el.reconfigurations["return"] == 1
+    assert el.training
+
+
+def test_a_reclaim_notice_shrinks_before_its_deadline_and_a_cancelled_one_removes_nothing() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, state=_state(0))
+        await _started(el)
+        await el.submit(_grant("p0", "p1", eid="g1"), wait=True)
+        (grp,) = el.rebuilder.pending()
+        assert grp.task is not None
+        await grp.task
+        await el.idle()
+        grown = set(el.executor.state.workers)
+        now = clock.now()
+        await el.submit(ReclaimNotice(("p1",), deadline=now + 300.0, notice_id="keep"), wait=True)
+        await el.submit(NoticeCancelled("keep"), wait=True)
+        await el.submit(ReclaimNotice(("p0",), deadline=now + 60.0, notice_id="n1"), wait=True)
+        await clock.sleep(70.0)
+        await el.idle()
+        await el.close()
+        return el, grown, now
+
+    el, grown, now = run_virtual(main())
+    assert len(grown) == 4
+    (shrink,) = el.shrinks
+    assert shrink["gpus"] == ["p0"] and shrink["met_deadline"] and shrink["started_at"] == pytest.approx(now + 55.0)
+    assert set(el.executor.state.gpus) == {"r0", "r1", "p1"} and el.notices == {}
+    assert el.decision is not None and el.decision.n_workers == 3
+    assert [h["kind"] for h in el.history if h["kind"].startswith("notice")] == ["notice_cancelled"]
+
+
+def test_grants_are_declined_when_preemptible_gpus_are_off() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, _cfg(**{"policy.use_preemptible": False}), _state(0))
+        el.start()
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        await el.close()
+        return el
+
+    el = run_virtual(main())
+    assert set(el.executor.state.gpus) == {"r0", "r1"}
+    assert el.history[-1]["kind"] == "grant_declined" and el.history[-1]["reason"] == "policy.use_preemptible is off"
