@@ -37,9 +37,9 @@ Known pool changes (``pool_changes``; offsets from now, in time order):
 
 ``d_ret``, ``d_act``, ``t_prep``, ``t_final`` are the measured EMAs of ``CostModel``
 (``deactivation_s``, ``activation_s``, ``expansion_prep_s``, ``expansion_final_s``); ``T`` is
-``train_step_s``, the EMA of observed training spans.
+``TrainerView.step_s``, the EMA of observed training spans.
 
-Public names: ``PoolOutlook``, ``Reclaim``, ``Expansion``, ``PoolChange``, ``Segment``,
+Public names: ``PoolOutlook``, ``TrainerView``, ``Reclaim``, ``Expansion``, ``PoolChange``, ``Segment``,
 ``lent_leaving``, ``pool_changes``, ``pool_schedule``, ``regrowth_admitted``, ``sync_stall``,
 ``batch_forecast``, ``speeds_since``, ``remaining_s``, ``hold_s``, ``SwitchHold``,
 ``hold_switch``.
@@ -55,6 +55,33 @@ from pearl.core.decision import Allocation, Decision, Mode, project
 from pearl.core.gate import CostModel, GateDecision, borrow_gate, switch_gate
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
 from pearl.core.override import Decider
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerView:
+    """What the scheduler has observed of the trainer: ``step_s`` = ``T``, the expected training
+    step (EMA of observed ``TrainingStarted`` -> ``TrainingFinished`` spans, from a prior);
+    ``steps_seen`` (a run without a trainer never syncs); ``running`` a step since ``since``;
+    ``idle_window_s``: the trainer's expected idle window at its last ``TrainingFinished`` that the
+    borrow gate weighed (None: not given)."""
+
+    step_s: float
+    steps_seen: int = 0
+    running: bool = False
+    since: float | None = None
+    idle_window_s: float | None = None
+
+    def started(self, now: float) -> TrainerView:
+        return replace(self, steps_seen=self.steps_seen + 1, running=True, since=now)
+
+    def finished(self, now: float, alpha: float) -> TrainerView:
+        """The step ended at ``now``: ``T += alpha (span - T)`` for a positive finite span."""
+        step = self.step_s
+        if self.since is not None:
+            span = now - self.since
+            if math.isfinite(span) and span > 0:
+                step += alpha * (span - step)
+        return replace(self, step_s=step, running=False, since=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +130,8 @@ class PoolOutlook:
 
     ``decider``: the decision with overrides on the current profiles; ``decision`` the one in
     force and ``allocation`` the incumbent (None before the first); ``lent_workers`` = ``N_o``, the
-    workers lent overlap GPUs hold (0 when nothing is lent); ``training``: a training step is
-    running; ``trainings_seen``: training steps observed (a run without a trainer never syncs);
-    ``train_step_s`` = ``T``; ``idle_window_s``: the trainer's expected idle window at its last
-    ``TrainingFinished`` (None: not given); ``reclaims`` / ``expansions``: the pending notices and
+    workers lent overlap GPUs hold (0 when nothing is lent); ``trainer``: what was observed of the
+    training steps (``TrainerView``); ``reclaims`` / ``expansions``: the pending notices and
     groups; ``shrink_margin_s``: a shrink starts this long before its deadline;
     ``placement_slack`` = ``s``, the load slack the router keeps (``Router.placement_slack``);
     ``batch_started_at``: the running batch's start; ``speeds``: ``(time, decided makespan)`` of
@@ -119,10 +144,7 @@ class PoolOutlook:
     decision: Decision | None = None
     allocation: Allocation | None = None
     lent_workers: int = 0
-    training: bool = False
-    trainings_seen: int = 0
-    train_step_s: float = 0.0
-    idle_window_s: float | None = None
+    trainer: TrainerView = TrainerView(0.0)
     reclaims: tuple[Reclaim, ...] = ()
     expansions: tuple[Expansion, ...] = ()
     shrink_margin_s: float = 5.0
@@ -154,7 +176,7 @@ def pool_changes(o: PoolOutlook, trainer_waits: bool, n: int) -> list[PoolChange
     n_o = lent_leaving(o, n)
     if trainer_waits and n_o:
         d_ret, d_act = o.costs.deactivation_s, o.costs.activation_s
-        out += [PoolChange(d_ret, -n_o, False), PoolChange(d_ret + o.train_step_s + d_act, n_o, True)]
+        out += [PoolChange(d_ret, -n_o, False), PoolChange(d_ret + o.trainer.step_s + d_act, n_o, True)]
     noticed: set[str] = set()
     for r in o.reclaims:
         noticed |= r.gpus
@@ -183,7 +205,7 @@ def regrowth_admitted(o: PoolOutlook, schedule: list[tuple[float, float]], t: fl
         return True
     m_now, m_with = o.decider.fresh_makespan(n_now), o.decider.fresh_makespan(n_with)
     remaining = (1.0 - prog) * m_now
-    window = o.idle_window_s if o.idle_window_s is not None else remaining
+    window = o.trainer.idle_window_s if o.trainer.idle_window_s is not None else remaining
     return borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
                        o.costs, o.decider.policy).admit
 
@@ -239,9 +261,9 @@ def sync_stall(o: PoolOutlook, d: Decision, trainer_waits: bool, segments: tuple
     (``CostModel.weight_sync_s``). A split divides the prefill work by ``max(N_P n_s / N, 1)``.
     0 when the trainer has no batch waiting, before any training step was seen, without the
     decision's profiles, or when ``t_s >= m_hat``."""
-    if not (trainer_waits and o.trainings_seen and d.hw is not None and d.wl is not None):
+    if not (trainer_waits and o.trainer.steps_seen and d.hw is not None and d.wl is not None):
         return 0.0
-    t_s = (o.costs.deactivation_s if lent_leaving(o, d.n_workers) else 0.0) + o.train_step_s
+    t_s = (o.costs.deactivation_s if lent_leaving(o, d.n_workers) else 0.0) + o.trainer.step_s
     if t_s >= m_hat:
         return 0.0
     n_s = next((n for t, _m, n in reversed(segments) if t <= t_s), d.n_workers)
@@ -320,7 +342,7 @@ def hold_s(o: PoolOutlook, n: int, batch_boundary: bool, makespan_s: float) -> f
     a positive number). A reclaim notice takes its GPUs when its shrink starts. The earliest of
     these; ``math.inf`` when no shrink is known."""
     t = math.inf
-    if lent_leaving(o, n) and not o.training:
+    if lent_leaving(o, n) and not o.trainer.running:
         if batch_boundary:
             t = o.costs.deactivation_s
         else:

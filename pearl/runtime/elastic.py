@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pearl.config import RunConfig
@@ -75,6 +75,7 @@ from pearl.core.outlook import (
     PoolOutlook,
     Reclaim,
     SwitchHold,
+    TrainerView,
     batch_forecast,
     hold_switch,
     remaining_s,
@@ -184,15 +185,10 @@ class ElasticScheduler:
         self.allocation: Allocation | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history_limit)
         self.reconfigurations: Counter[str] = Counter()
-        self.training = False
-        self.trainings_seen = 0  # TrainingStarted events handled (a trainer exists: syncs will come)
-        #: expected training step (s): EMA (``cost_ema_alpha``) of observed TrainingStarted ->
-        #: TrainingFinished spans, prior ``train.step_time_s``; the batch forecast uses it
-        self.train_step_s = float(cfg.train.step_time_s)
-        self._training_since: float | None = None
-        #: the trainer's expected idle window at its last TrainingFinished (the borrow gate's
-        #: window; the batch forecast replays that gate for a lend that would return mid-batch)
-        self._idle_window_s: float | None = None
+        #: the training steps observed: the expected step (EMA, ``cost_ema_alpha``, of observed
+        #: spans from the prior ``train.step_time_s``), steps seen, the idle window the borrow gate
+        #: weighed last (the batch forecast replays that gate for a lend that returns mid-batch)
+        self.trainer = TrainerView(float(cfg.train.step_time_s))
         #: (time, decided makespan) of each decision since the one in force at the running
         #: batch's start (``outlook.remaining_s``)
         self._speeds: list[tuple[float, float]] = []
@@ -353,8 +349,7 @@ class ElasticScheduler:
             now=self.clock.now(), decider=self.decider(), costs=self.costs, decision=self.decision,
             allocation=self.allocation,
             lent_workers=len(self.toggle.overlap_gpus()) // max(tp, 1) if self.toggle.borrowed else 0,
-            training=self.training, trainings_seen=self.trainings_seen, train_step_s=self.train_step_s,
-            idle_window_s=self._idle_window_s, reclaims=reclaims, expansions=expansions,
+            trainer=self.trainer, reclaims=reclaims, expansions=expansions,
             shrink_margin_s=self.shrink_margin_s,
             placement_slack=float(self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload)),
             batch_started_at=t_b, speeds=tuple(self._speeds),
@@ -573,7 +568,7 @@ class ElasticScheduler:
         task.add_done_callback(self._timers.discard)
 
     def worker_failed(self, worker_id: str, reason: str) -> None:
-        """A worker died or could not load weights (``PipelineScheduler.on_worker_failed``)."""
+        """A worker died or could not load weights (the pipeline's ``PipelineHooks.worker_failed``)."""
         self._put(_WorkerFailed(worker_id, reason))
 
     async def _on_worker_failed(self, ev: _WorkerFailed) -> None:
@@ -597,9 +592,7 @@ class ElasticScheduler:
 
     # ------------------------------------------------------------------ intra-scale
     async def _on_training_started(self, ev: TrainingStarted, done: asyncio.Future[None] | None) -> None:
-        self.training = True
-        self.trainings_seen += 1
-        self._training_since = self.clock.now()
+        self.trainer = self.trainer.started(self.clock.now())
         had = self.toggle.borrowed
         rep = await self.toggle.give_back()
         if done is not None and not done.done():
@@ -611,12 +604,7 @@ class ElasticScheduler:
             await self.replan(f"training step {ev.step} started: borrowed GPUs returned")
 
     async def _on_training_finished(self, ev: TrainingFinished) -> None:
-        self.training = False
-        if self._training_since is not None:
-            span = self.clock.now() - self._training_since
-            if math.isfinite(span) and span > 0:
-                self.train_step_s += self.policy.cost_ema_alpha * (span - self.train_step_s)
-            self._training_since = None
+        self.trainer = self.trainer.finished(self.clock.now(), self.policy.cost_ema_alpha)
         if not self.policy.borrow_enabled or not self.toggle.overlap_gpus():
             return
         budget = self.budget()
@@ -627,7 +615,7 @@ class ElasticScheduler:
         m_now, m_with = decider.fresh_makespan(n_now), decider.fresh_makespan(n_with)
         remaining = remaining_s(self.outlook())
         window = ev.expected_idle_s if ev.expected_idle_s is not None else remaining
-        self._idle_window_s = ev.expected_idle_s
+        self.trainer = replace(self.trainer, idle_window_s=ev.expected_idle_s)
         gate: GateDecision = borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
                                          self.costs, self.policy)
         self.gate_log.append({"t": self.clock.now(), "kind": "borrow", "step": ev.step, **gate.to_dict()})

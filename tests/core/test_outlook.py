@@ -17,6 +17,7 @@ from pearl.core.outlook import (
     PoolOutlook,
     Reclaim,
     Segment,
+    TrainerView,
     batch_forecast,
     hold_s,
     hold_switch,
@@ -44,7 +45,7 @@ def decider(cfg8b: RunConfig, prof8b: tuple[HardwareProfile, WorkloadProfile]) -
 def _outlook(decider: Decider, n: int = 4, **kw: object) -> PoolOutlook:
     d = decider.decide(n, None)
     base: dict[str, object] = {"now": 1000.0, "decider": decider, "costs": COSTS, "decision": d,
-                               "allocation": d.target, "train_step_s": 100.0}
+                               "allocation": d.target, "trainer": TrainerView(100.0)}
     base.update(kw)
     return PoolOutlook(**base)  # type: ignore[arg-type]
 
@@ -133,18 +134,28 @@ def test_the_regrowth_is_admitted_when_the_batch_is_done_before_the_step_ends(de
 
 # ---------------------------------------------------------------------------------- weight-sync stall
 def test_no_sync_stall_without_a_trainer_a_waiting_batch_or_a_sync_inside_the_batch(decider: Decider) -> None:
-    o = _outlook(decider, trainings_seen=1)
+    o = _outlook(decider, trainer=TrainerView(100.0, steps_seen=1))
     d = o.decision
     assert d is not None
     seg = (Segment(0.0, d.predicted_makespan_s, 4),)
-    assert sync_stall(replace(o, trainings_seen=0), d, True, seg, d.predicted_makespan_s) == 0.0
+    assert sync_stall(replace(o, trainer=TrainerView(100.0)), d, True, seg, d.predicted_makespan_s) == 0.0
     assert sync_stall(o, d, False, seg, d.predicted_makespan_s) == 0.0
     assert sync_stall(o, d, True, seg, 100.0) == 0.0  # t_s = T = 100 s >= M_hat
-    assert sync_stall(replace(o, train_step_s=1.0), d, True, seg, d.predicted_makespan_s) > COSTS.weight_sync_s
+    assert sync_stall(replace(o, trainer=TrainerView(1.0, steps_seen=1)), d, True, seg, d.predicted_makespan_s) > COSTS.weight_sync_s
 
 
 def test_forecast_is_nan_without_a_decision(decider: Decider) -> None:
     assert math.isnan(batch_forecast(replace(_outlook(decider), decision=None), True))
+
+
+# ---------------------------------------------------------------------------------- trainer
+def test_the_step_estimate_follows_the_observed_spans() -> None:
+    t = TrainerView(100.0).started(10.0)
+    assert (t.steps_seen, t.running, t.since) == (1, True, 10.0)
+    done = t.finished(70.0, 0.5)
+    assert done == TrainerView(100.0 + 0.5 * (60.0 - 100.0), steps_seen=1)
+    assert TrainerView(100.0).finished(70.0, 0.5) == TrainerView(100.0)  # no start seen: no span
+    assert t.finished(10.0, 0.5).step_s == 100.0  # an empty span is not a measurement
 
 
 # ---------------------------------------------------------------------------------- remaining time
@@ -175,7 +186,7 @@ def test_the_budget_holds_until_the_lent_gpus_or_a_reclaim_leave(decider: Decide
                  batch_started_at=1000.0, now=1100.0, speeds=((1000.0, 400.0),))
     assert hold_s(o, 4, True, 123.0) == COSTS.deactivation_s  # the step starts now: after the return
     assert hold_s(o, 4, False, 200.0) == pytest.approx(300.0 * 200.0 / 400.0)  # R at this budget's speed
-    assert hold_s(replace(o, training=True), 4, False, 200.0) == math.inf  # lent GPUs already gone
+    assert hold_s(replace(o, trainer=TrainerView(100.0, 1, running=True, since=1050.0)), 4, False, 200.0) == math.inf  # lent GPUs already gone
     assert hold_s(replace(o, lent_workers=0), 4, False, 200.0) == math.inf
     noticed = replace(o, reclaims=(Reclaim(1060.0, frozenset({"p0"}), 1),))
     assert hold_s(noticed, 4, False, 200.0) == 0.0  # its shrink start (t = 1055) has passed

@@ -122,7 +122,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         await ctl.notify(TrainingFinished(0, 1, event_id="f0"))  # lends the 2 training GPUs (no gate)
         await el.idle()
         assert el.toggle.borrowed and el.decision.n_workers == 4
-        assert el.train_step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
+        assert el.trainer.step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
         got = el.batch_forecast(trainer_waits=True)
         m_cur = el.decision.predicted_makespan_s
         back = el.decider().decide(4, el.allocation)  # the regrown pool keeps the allocation in force (hysteresis)
@@ -130,10 +130,10 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
         m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
         d_ret, d_act = el.costs.deactivation_s, el.costs.activation_s
-        schedule = [(0.0, m_cur), (d_ret, el.decider().fresh_makespan(2)), (d_ret + el.train_step_s + d_act, m_back)]
+        schedule = [(0.0, m_cur), (d_ret, el.decider().fresh_makespan(2)), (d_ret + el.trainer.step_s + d_act, m_back)]
         pools = compose_makespan(schedule)
         # the step's weight sync lands inside the batch, on the 2 workers left after the return
-        t_sync = d_ret + el.train_step_s
+        t_sync = d_ret + el.trainer.step_s
         d = el.decision
         assert t_sync < pools
         prog = batch_progress(schedule, t_sync)
@@ -235,7 +235,7 @@ def test_weight_sync_pause_is_measured_and_only_a_trainer_brings_syncs() -> None
         pred = el.batch_forecast(trainer_waits=True)
         await trainer.stop()
         await ctl.stop()
-        return el.costs.weight_sync_s, el.trainings_seen, pred, d.predicted_makespan_s, ctl.pipeline.stats.weight_syncs
+        return el.costs.weight_sync_s, el.trainer.steps_seen, pred, d.predicted_makespan_s, ctl.pipeline.stats.weight_syncs
 
     sync_s, seen, pred, m_cur, syncs = run_virtual(main(True))
     assert seen >= 2 and syncs >= 2

@@ -146,8 +146,8 @@ def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> No
         return el, lent, o, now, changes
 
     el, lent, o, now, changes = run_virtual(main())
-    assert el.train_step_s == 100.0 + 0.5 * (60.0 - 100.0)  # EMA of the 60-s span
-    assert lent.lent_workers == 2 and lent.idle_window_s == 300.0 and lent.trainings_seen == 1
+    assert el.trainer.step_s == 100.0 + 0.5 * (60.0 - 100.0)  # EMA of the 60-s span
+    assert lent.lent_workers == 2 and lent.trainer.idle_window_s == 300.0 and lent.trainer.steps_seen == 1
     assert lent.decision is not None and lent.decision.n_workers == 4
     assert o.reclaims == (Reclaim(now + 200.0, frozenset({"p0"}), 0),)
     (x,) = o.expansions
@@ -156,7 +156,7 @@ def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> No
     # the expansion is on a noticed GPU (its shrink cancels it); the lent workers leave and return
     d_ret, d_act = o.costs.deactivation_s, o.costs.activation_s
     assert [(c.delta, c.regrowth) for c in changes] == [(-2, False), (2, True)]
-    assert changes[1].offset_s == pytest.approx(d_ret + o.train_step_s + d_act)
+    assert changes[1].offset_s == pytest.approx(d_ret + o.trainer.step_s + d_act)
 
 
 def test_a_failed_worker_is_removed_and_a_replacement_prepared() -> None:
@@ -197,7 +197,7 @@ def test_training_start_waits_for_the_borrowed_gpus_to_come_back() -> None:
     assert serving == {"w-r0-2", "w-r1-2", "o-t0", "o-t1"}
     assert not borrowed and after == {"w-r0-2", "w-r1-2"}
     assert el.reconfigurations["borrow"] == 1 and el.reconfigurations["return"] == 1
-    assert el.training
+    assert el.trainer.running
 
 
 def test_a_reclaim_notice_shrinks_before_its_deadline_and_a_cancelled_one_removes_nothing() -> None:
