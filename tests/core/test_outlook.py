@@ -94,7 +94,7 @@ def test_a_reclaim_slows_the_rest_of_the_batch_to_the_smaller_pool(decider: Deci
     m4, m3 = d.predicted_makespan_s, decider.fresh_makespan(3)
     m_hat, segments = pool_schedule(o, d, False)
     assert segments == (Segment(0.0, m4, 4), Segment(95.0, m3, 3))
-    assert 95.0 < m4 and m_hat == pytest.approx(95.0 + (1.0 - 95.0 / m4) * m3)  # linear progress
+    assert m4 > 95.0 and m_hat == pytest.approx(95.0 + (1.0 - 95.0 / m4) * m3)  # linear progress
     assert batch_forecast(o, False) == pytest.approx(m_hat)  # no training step seen: no sync
 
 

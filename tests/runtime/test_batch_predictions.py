@@ -13,9 +13,9 @@ import math
 
 import pytest
 
+from pearl.core.outlook import pool_changes
 from pearl.runtime.agent import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
-from pearl.core.outlook import pool_changes
 from pearl.runtime.controller import Controller
 
 from .helpers import ScriptedSession, config, engine

@@ -13,14 +13,14 @@ from pearl.runtime.executor import ExecutionReport
 
 from .helpers import Rig, rig
 
-A, I = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE
+ACTIVE, INACTIVE = WorkerStatus.ACTIVE, WorkerStatus.INACTIVE
 
 
 def _state(lent: bool = True) -> ClusterState:
     gpus = [Gpu("r0", Zone.RESERVED), Gpu("r1", Zone.RESERVED), Gpu("r2", Zone.RESERVED),
             Gpu("t0", Zone.OVERLAP, lent=lent)]
-    workers = [Worker("w0", ("r0",), Role.COLOCATED, A), Worker("w1", ("r1",), Role.COLOCATED, A),
-               Worker("w2", ("r2",), Role.COLOCATED, A), Worker("o-t0", ("t0",), Role.COLOCATED, I)]
+    workers = [Worker("w0", ("r0",), Role.COLOCATED, ACTIVE), Worker("w1", ("r1",), Role.COLOCATED, ACTIVE),
+               Worker("w2", ("r2",), Role.COLOCATED, ACTIVE), Worker("o-t0", ("t0",), Role.COLOCATED, INACTIVE)]
     return ClusterState.build(gpus, workers)
 
 
@@ -64,7 +64,7 @@ def test_a_plan_removes_re_roles_and_activates_and_leaves_additions_to_the_rebui
     st = r.executor.state
     assert rep.steps == 4 and rep.errors == [] and rep.aborted_requests == 0
     assert {w: (x.role, x.status) for w, x in st.workers.items()} == {
-        "w0": (Role.PREFILL, A), "w1": (Role.DECODE, A), "o-t0": (Role.DECODE, A)}
+        "w0": (Role.PREFILL, ACTIVE), "w1": (Role.DECODE, ACTIVE), "o-t0": (Role.DECODE, ACTIVE)}
     assert running == ["o-t0", "w0", "w1"]  # w2's server stopped; no server launched for w-new
     assert r.pipeline.router.workers == {"w0": Role.PREFILL, "w1": Role.DECODE, "o-t0": Role.DECODE}
     # a serving worker is drained before its role changes and serves again after it
@@ -90,7 +90,7 @@ def test_an_activated_worker_loads_the_latest_weights_first() -> None:
     r, rep, version = run_virtual(main())
     assert rep.errors == [] and version == 3
     assert r.pipeline.worker_versions["o-t0"] == 3 and r.pipeline.router.workers["o-t0"] is Role.COLOCATED
-    assert r.executor.state.workers["o-t0"].status is A
+    assert r.executor.state.workers["o-t0"].status is ACTIVE
 
 
 def test_activating_a_worker_on_gpus_the_trainer_holds_is_an_error() -> None:
@@ -103,7 +103,7 @@ def test_activating_a_worker_on_gpus_the_trainer_holds_is_an_error() -> None:
 
     r, rep = run_virtual(main())
     assert rep.errors == ["activate o-t0: overlap worker 'o-t0' is active but its GPUs are not all lent by the trainer"]
-    assert r.executor.state.workers["o-t0"].status is I and "o-t0" not in r.pipeline.router.workers
+    assert r.executor.state.workers["o-t0"].status is INACTIVE and "o-t0" not in r.pipeline.router.workers
 
 
 def test_deactivation_parks_a_lent_worker() -> None:
@@ -119,7 +119,7 @@ def test_deactivation_parks_a_lent_worker() -> None:
     r, rep, healthy = run_virtual(main())
     lo, hi = r.cfg.emulator.deactivation_s
     assert rep.steps == 1 and rep.errors == [] and lo <= rep.timings["deactivate"][0] <= hi
-    assert r.executor.state.workers["o-t0"].status is I and "o-t0" not in r.pipeline.router.workers
+    assert r.executor.state.workers["o-t0"].status is INACTIVE and "o-t0" not in r.pipeline.router.workers
     assert healthy  # the process is retained, memory released
     assert _history(r, "o-t0")[-3:] == [("active", "colocated"), ("draining", "colocated"), ("inactive", "colocated")]
 
