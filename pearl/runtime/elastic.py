@@ -8,7 +8,7 @@ observe -> decide -> act:
 event             handling
 ================  ==============================================================================
 GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_preemptible`` is off);
-                  expansion gate (``expansion_gate``: predicted makespan now vs with the new
+                  expansion gate (``expansion_gate``: fresh makespan ``M(n)`` now vs with the new
                   workers, expected GPU lifetime, EMA costs); admitted -> the Rebuilder prepares
                   the group in the background; declined GPUs stay idle and are reconsidered on the
                   next profile refit
@@ -22,8 +22,9 @@ ReclaimNotice     urgent: a timer starts the shrink at ``deadline - shrink_margi
 NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
 TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); the submitter's
                   ``wait`` resolves as soon as the GPUs are back; then survivors are re-planned
-TrainingFinished  borrow gate (``borrow_gate``: window = ``expected_idle_s`` or the predicted
-                  remaining batch time); admitted -> lend + re-plan (ACTIVATE retained workers)
+TrainingFinished  borrow gate (``borrow_gate``: fresh makespans now vs with the lent workers,
+                  window = ``expected_idle_s`` or the running batch's remaining time
+                  ``outlook.remaining_s``); admitted -> lend + re-plan (ACTIVATE retained workers)
 ProfileRefit      re-plan with the refit profiles (the decision engine's hysteresis decides whether
                   the mode / ratio changes; a batch has just ended, so lent GPUs leave now: the
                   switch gate) and reconsider declined preemptible GPUs
@@ -151,6 +152,11 @@ class ReplanOutcome:
 
 
 class ElasticScheduler:
+    """The event queue and its handlers (module docstring) over the collaborators it is given: the
+    ``executor`` (the state and its changes), the ``rebuilder`` (shrink, expansion), the ``toggle``
+    manager (lent training GPUs), the ``tracker`` (the profiles decisions are made on) and the
+    ``pipeline`` (its router's placement slack, the running batch's start and trajectories)."""
+
     def __init__(
         self,
         cfg: RunConfig,
