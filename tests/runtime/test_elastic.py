@@ -241,3 +241,21 @@ def test_grants_are_declined_when_preemptible_gpus_are_off() -> None:
     el = run_virtual(main())
     assert set(el.executor.state.gpus) == {"r0", "r1"}
     assert el.history[-1]["kind"] == "grant_declined" and el.history[-1]["reason"] == "policy.use_preemptible is off"
+
+
+def test_a_reclaim_notice_teaches_the_expected_lifetime_of_preemptible_gpus() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, state=_state(0))
+        el.start()
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        await clock.sleep(100.0)
+        await el.submit(ReclaimNotice(("p0",), deadline=clock.now() + 300.0, notice_id="n1"), wait=True)
+        again = el.expected_lifetime_s
+        await el.submit(ReclaimNotice(("p0",), deadline=clock.now() + 300.0, notice_id="n2"), wait=True)
+        await el.close()
+        return again, el.expected_lifetime_s
+
+    first, second = run_virtual(main())
+    assert first == pytest.approx(1800.0 + 0.3 * (100.0 - 1800.0))  # EMA of the observed lifetime
+    assert second == first  # a GPU's lifetime is observed once
