@@ -48,7 +48,7 @@ import asyncio
 import collections
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from statistics import median
 from typing import Any, Protocol
 
@@ -127,6 +127,8 @@ class Controller:
         hw = HardwareProfile.from_specs(cfg.model, cfg.hardware, tp)
         wl = WorkloadProfile.from_spec(cfg.workload)
         self.tracker = RuntimeTracker(hw, wl, cfg.policy.profile_ema_alpha)
+        version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
+        self._weights = (version, path)
         self._record_trajectory = wired.record_trajectory if wired is not None else None
         hooks = PipelineHooks(batch_started=self._on_batch_start, batch_done=self._on_batch_done,
                               worker_failed=self._on_worker_failed,
@@ -136,14 +138,10 @@ class Controller:
             engine, self.clock, self.tracker, session_factory,
             batch_size=cfg.workload.batch_size, group_size=cfg.workload.group_size,
             max_staleness=cfg.policy.max_staleness, max_trajectory_tokens=cfg.workload.max_trajectory_tokens,
-            hooks=hooks, max_batches=max_batches,
+            hooks=hooks, weights=self._weights, max_batches=max_batches,
             resume=Resume(wired.completed, wired.first_batch) if wired is not None else None,
             router=Router(cfg.policy.affinity_slack, cost_aware=cfg.policy.affinity == "cost"),
         )
-        version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
-        self._weights = (version, path)
-        self.pipeline.trainer_version = version
-        self.pipeline.weights = (version, path)
         listeners = ((wired.record_state,) if wired is not None else ()) + tuple(state_listeners)
         self.executor = PlanExecutor(state, engine, self.pipeline, self.clock, self.latest_weights, listeners)
         self.rebuilder = ClusterRebuilder(self.executor, engine, self.clock, self.latest_weights)
@@ -177,7 +175,7 @@ class Controller:
         self.started_at = self.clock.now()
         self.elastic.start()
         version, path = self._weights
-        prep: list[Any] = []
+        prep: list[Awaitable[list[str]]] = []
         if self.cfg.policy.borrow_enabled and self.toggle.overlap_gpus():
             prep.append(self.toggle.prepare(version, path))
         await self.elastic.replan("startup")

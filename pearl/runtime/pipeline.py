@@ -20,7 +20,8 @@ before the batch is queued, ``worker_failed(worker_id, reason)`` when a worker d
 load weights (it is no longer dispatchable; the controller removes it from the topology),
 ``trajectory_done(record)`` on every completion (the journal). A restarted run passes a
 ``Resume``: trajectories completed before the restart are handed on as journaled (never generated
-again) and the batches the trainer already consumed are skipped.
+again) and the batches the trainer already consumed are skipped. ``weights``: the ``(version,
+path)`` the run starts on (the trainer's version until it publishes a newer one).
 
 Staleness: rollout batch ``r`` is admitted once the trainer has published version
 ``>= r - max_staleness``; every request is served with the weights the worker holds, and the
@@ -377,6 +378,7 @@ class PipelineScheduler:
         router: Router | None = None,
         hooks: PipelineHooks | None = None,
         resume: Resume | None = None,
+        weights: tuple[int, str] = (0, ""),
         error_backoff_s: float = 1.0,
         max_batches: int | None = None,
     ) -> None:
@@ -395,9 +397,9 @@ class PipelineScheduler:
         self.error_backoff_s = error_backoff_s
         self.max_batches = max_batches
         self.stats = PipelineStats()
-        self.trainer_version = 0
+        self.trainer_version = weights[0]  # the newest version the trainer has published
         self.worker_versions: dict[str, int] = {}
-        self.weights: tuple[int, str] = (0, "")  # latest (version, path) every serving worker must hold
+        self.weights = weights  # latest (version, path) every serving worker must hold
         self._refresh: dict[str, asyncio.Task[None]] = {}
         self._version_changed = asyncio.Event()
         self._batches: asyncio.Queue[list[TrajectoryRecord]] = asyncio.Queue()
