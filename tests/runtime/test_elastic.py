@@ -1,16 +1,20 @@
 """Elastic Scheduler alone: its queue, handlers and re-plans over the executor, rebuilder, toggle
-manager, tracker and pipeline it is given (the emulated engine underneath; no Controller, no
-rollout batch running)."""
+manager, tracker and pipeline it is given (the emulated engine underneath; no Controller; a
+rollout batch runs only where a test starts one)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
 from pearl.config import RunConfig
+from pearl.core.decision import Allocation, Decision, Mode
 from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
-from pearl.core.outlook import Expansion, Reclaim, pool_changes
+from pearl.core.outlook import Expansion, Reclaim, hold_s, pool_changes
+from pearl.core.override import Decider
 from pearl.core.planner import StepKind
 from pearl.core.state import ClusterState, Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import LoopClock, run_virtual
@@ -259,3 +263,59 @@ def test_a_reclaim_notice_teaches_the_expected_lifetime_of_preemptible_gpus() ->
     first, second = run_virtual(main())
     assert first == pytest.approx(1800.0 + 0.3 * (100.0 - 1800.0))  # EMA of the observed lifetime
     assert second == first  # a GPU's lifetime is observed once
+
+
+def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
+    """At a batch boundary the trainer takes the lent GPUs back at once: a switch on the pool
+    that includes them cannot pay back and is held (``outlook.hold_switch``, ``gate.switch_gate``).
+    Without lent GPUs the budget holds and the same wish is carried out. The decision is steered
+    here (colocation until the test asks, then a split predicted 20 % faster) so that the test
+    does not depend on the profiles."""
+    want = {"split": False}
+
+    class Steered(Decider):
+        def decide(self, n: int, current: Allocation | None) -> Decision:
+            d = Decider.decide(self, n, current)
+            co = d.table.candidate(0)
+            if not want["split"]:
+                return replace(d, target=co.allocation, predicted_makespan_s=co.makespan_s,
+                               switched=current != co.allocation, forced=False, reason="test: colocation")
+            if current is None or current.mode is not Mode.COLOCATED or n < 2:
+                return d
+            split = Allocation.disaggregated(n // 2, n - n // 2)
+            return replace(d, target=split, switched=True, forced=False, predicted_makespan_s=co.makespan_s / 1.2,
+                           reason="test: a split 20 % faster")
+
+    async def main():
+        clock = LoopClock()
+        el, r = _scheduler(clock, _cfg(**{"policy.gate_enabled": True}))
+        el.decider = lambda: Steered(el.cfg.workload.batch_size, el.tracker.hardware, el.tracker.workload,
+                                     el.policy)
+        await _started(el)
+        batch = asyncio.ensure_future(r.pipeline.run_batch(0))  # a batch in flight: the borrow pays
+        await clock.sleep(30.0)
+        await el.submit(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"), wait=True)  # lends t0, t1
+        n_lent = el.slots(el.budget())
+        hold = (hold_s(el.outlook(), n_lent, True, 100.0), el.costs.deactivation_s)
+        want["split"] = True
+        out = await el.replan("batch boundary with lent GPUs", batch_boundary=True)
+        held = (out, el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
+        want["split"] = False
+        await el.submit(TrainingStarted(2, event_id="ts2"), wait=True)  # the lent GPUs go back
+        want["split"] = True
+        free = await el.replan("no lent GPUs")
+        after = (free, el.allocation, [g for g in el.gate_log if g["kind"] == "switch"])
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        await el.close()
+        return n_lent, hold, held, after
+
+    n_lent, (hold, c_d), (out, alloc, reconf, gates), (free, alloc2, gates2) = run_virtual(main())
+    assert n_lent == 4 and hold == c_d
+    assert out.switch is not None and out.switch.held and out.decision is out.switch.decision
+    assert alloc == Allocation.colocated(4) and "mode_switch" not in reconf
+    (g,) = gates
+    assert not g["admit"] and g["outcome"] == "window_too_short" and g["from"] == "coloc" and g["to"] == "2P2D"
+    # no shrink known: no gate entry, the switch is made
+    assert free.switch is not None and free.switch.gate is None
+    assert alloc2 == Allocation.disaggregated(1, 1) and gates2 == gates
