@@ -240,12 +240,12 @@ def test_forced_disaggregation_takes_the_best_feasible_split(decider: Decider, c
     policy = cfg8b.policy.model_copy(update={"force_disaggregation": True})
     got = apply_overrides(coloc, policy, None)
     splits = [c for c in d.candidates if c.allocation.mode is Mode.DISAGGREGATED and c.feasible]
-    if not splits:
-        assert got is coloc
-        return
+    assert splits  # 1P3D, 2P2D, 3P1D are feasible for 8 trajectories on 4 workers
     best = min(splits, key=lambda c: c.makespan_s)
     assert got.target == best.allocation and got.predicted_makespan_s == best.makespan_s
     assert got.reason == f"forced disaggregation: best feasible split {best.allocation.label}"
+    no_split = replace(decider, policy=cfg8b.policy.model_copy(update={"allow_disaggregation": False})).decide(4, None)
+    assert apply_overrides(no_split, policy, None) is no_split  # no split to take: colocation stays
 
 
 def test_the_fresh_makespan_is_the_decision_with_no_allocation_in_force(decider: Decider) -> None:
