@@ -132,6 +132,21 @@ def test_the_regrowth_is_admitted_when_the_batch_is_done_before_the_step_ends(de
     assert regrowth_admitted(o, [(0.0, 50.0)], 200.0, 2, 4)  # progress 1 at 194 s
 
 
+def test_a_regrowth_the_borrow_gate_would_decline_is_left_out(decider: Decider, cfg8b: RunConfig) -> None:
+    gated = replace(decider, policy=cfg8b.policy.model_copy(update={"gate_enabled": True}))
+    o = _outlook(gated, lent_workers=2, trainer=TrainerView(100.0, idle_window_s=1.0))  # shorter than d_act
+    d = o.decision
+    assert d is not None
+    schedule = [(0.0, d.predicted_makespan_s), (4.0, gated.fresh_makespan(2))]
+    assert not regrowth_admitted(o, schedule, 110.0, 2, 4)
+    _m_hat, segments = pool_schedule(o, d, True)
+    assert segments == (Segment(0.0, d.predicted_makespan_s, 4), Segment(4.0, gated.fresh_makespan(2), 2))
+    # with the trainer's window unknown the gate weighs the batch's remaining time and lends again
+    open_window = replace(o, trainer=TrainerView(100.0))
+    assert regrowth_admitted(open_window, schedule, 110.0, 2, 4)
+    assert pool_schedule(open_window, d, True)[1][2].workers == 4
+
+
 # ---------------------------------------------------------------------------------- weight-sync stall
 def test_no_sync_stall_without_a_trainer_a_waiting_batch_or_a_sync_inside_the_batch(decider: Decider) -> None:
     o = _outlook(decider, trainer=TrainerView(100.0, steps_seen=1))
