@@ -55,18 +55,14 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, start_
     clock = LoopClock()
     journal = Journal(journal_path)
     engine = EmulatedEngine.from_config(cfg, clock)
-    ctrl = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload, clock), clock=clock, journal=journal,
-                      initial_weights=(start_version, f"emulated://v{start_version}"))
-    done = asyncio.get_running_loop().create_future()
-    taken = 0
-    journal_done = ctrl.pipeline.on_trajectory_done
 
-    def announce(rec: TrajectoryRecord) -> None:  # journaled first, then acknowledged on stdout
-        if journal_done is not None:
-            journal_done(rec)
+    def announce(rec: TrajectoryRecord) -> None:  # journaled first (the Controller's order), then acknowledged
         on_batch(None, rec)
 
-    ctrl.pipeline.on_trajectory_done = announce
+    ctrl = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload, clock), clock=clock, journal=journal,
+                      initial_weights=(start_version, f"emulated://v{start_version}"), on_trajectory_done=announce)
+    done = asyncio.get_running_loop().create_future()
+    taken = 0
 
     async def take() -> list[TrajectoryRecord]:
         nonlocal taken

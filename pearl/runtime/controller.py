@@ -29,6 +29,12 @@ Trainer integration, two ways:
   ``notify`` (waits until handled: ``TrainingStarted`` returns once borrowed GPUs are back) and
   ``publish``.
 
+Wiring: every hook is given to a constructor. The pipeline's ``PipelineHooks`` are the
+Controller's own methods (batch start: the batch forecast; batch done: refit; worker failed: the
+Elastic Scheduler re-plans; trajectory done: the journal, then ``on_trajectory_done``); the
+executor's state listeners are the journal's ``record_state`` and ``state_listeners``; a journal's
+recovered run reaches the pipeline as its ``Resume`` (``journal.attach``).
+
 Initial cluster (``initial_state``): reserved GPUs ``r0..`` and training (overlap) GPUs
 ``t0..``, ``cluster.gpus_per_node`` per node. Preemptible GPUs arrive by ``GpusGranted`` with the
 ids the trace replayer or cloud chooses.
@@ -42,7 +48,7 @@ import asyncio
 import collections
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from statistics import median
 from typing import Any, Protocol
 
@@ -57,9 +63,9 @@ from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
 from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
-from pearl.runtime.journal import Journal, JournaledEngine, RecoveredRun, restart_state
+from pearl.runtime.journal import Journal, JournaledEngine, JournalHooks, RecoveredRun, restart_state
 from pearl.runtime.journal import attach as attach_journal
-from pearl.runtime.pipeline import PipelineScheduler, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
 from pearl.runtime.rebuilder import ClusterRebuilder
 from pearl.runtime.toggle import ToggleManager
 from pearl.runtime.tracker import RuntimeTracker
@@ -89,7 +95,11 @@ class Controller:
         max_batches: int | None = None,
         journal: Journal | None = None,
         registry: WeightRegistry | None = None,
+        on_trajectory_done: Callable[[TrajectoryRecord], None] | None = None,
+        state_listeners: Sequence[Callable[[ClusterState], None]] = (),
     ) -> None:
+        """``on_trajectory_done``: called with every completed trajectory (after the journal has it);
+        ``state_listeners``: called with every new ``ClusterState`` (after the journal)."""
         self.cfg = cfg
         #: where published versions are looked up when ``publish`` gets no path (the trainer
         #: registers its snapshots there; workers pull the folder lazily)
@@ -108,32 +118,37 @@ class Controller:
         self.engine = engine
         self.clock: Clock = clock or LoopClock()
         self.trainer = trainer
+        self._trajectory_done = on_trajectory_done
         tp = cfg.cluster.tp_size
+        state = initial_state or self.initial_state(cfg)
+        wired: JournalHooks | None = None
+        if journal is not None and self.recovered is not None:
+            wired = attach_journal(journal, state, self.recovered, cfg.workload.batch_size)
         hw = HardwareProfile.from_specs(cfg.model, cfg.hardware, tp)
         wl = WorkloadProfile.from_spec(cfg.workload)
         self.tracker = RuntimeTracker(hw, wl, cfg.policy.profile_ema_alpha)
+        version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
+        self._weights = (version, path)
+        self._record_trajectory = wired.record_trajectory if wired is not None else None
+        hooks = PipelineHooks(batch_started=self._on_batch_start, batch_done=self._on_batch_done,
+                              worker_failed=self._on_worker_failed,
+                              trajectory_done=self._on_trajectory_done
+                              if wired is not None or on_trajectory_done is not None else None)
         self.pipeline = PipelineScheduler(
             engine, self.clock, self.tracker, session_factory,
             batch_size=cfg.workload.batch_size, group_size=cfg.workload.group_size,
             max_staleness=cfg.policy.max_staleness, max_trajectory_tokens=cfg.workload.max_trajectory_tokens,
-            on_batch_done=self._on_batch_done, max_batches=max_batches,
+            hooks=hooks, weights=self._weights, max_batches=max_batches,
+            resume=Resume(wired.completed, wired.first_batch) if wired is not None else None,
             router=Router(cfg.policy.affinity_slack, cost_aware=cfg.policy.affinity == "cost"),
         )
-        self.pipeline.on_batch_start = self._on_batch_start
-        version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
-        self._weights = (version, path)
-        self.pipeline.trainer_version = version
-        self.pipeline.weights = (version, path)
-        self.executor = PlanExecutor(initial_state or self.initial_state(cfg), engine, self.pipeline, self.clock,
-                                     self.latest_weights)
+        listeners = ((wired.record_state,) if wired is not None else ()) + tuple(state_listeners)
+        self.executor = PlanExecutor(state, engine, self.pipeline, self.clock, self.latest_weights, listeners)
         self.rebuilder = ClusterRebuilder(self.executor, engine, self.clock, self.latest_weights)
         self.toggle = ToggleManager(self.executor, engine, self.clock, tp)
         self.elastic = ElasticScheduler(cfg, self.clock, self.executor, self.rebuilder, self.toggle, self.tracker,
                                         self.pipeline, shrink_margin_s=shrink_margin_s,
                                         expected_lifetime_s=expected_lifetime_s)
-        self.pipeline.on_worker_failed = self.elastic.worker_failed
-        if journal is not None and self.recovered is not None:
-            attach_journal(journal, self, self.recovered)
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.train_steps = 0
@@ -160,7 +175,7 @@ class Controller:
         self.started_at = self.clock.now()
         self.elastic.start()
         version, path = self._weights
-        prep: list[Any] = []
+        prep: list[Awaitable[list[str]]] = []
         if self.cfg.policy.borrow_enabled and self.toggle.overlap_gpus():
             prep.append(self.toggle.prepare(version, path))
         await self.elastic.replan("startup")
@@ -264,7 +279,16 @@ class Controller:
         # the previous batch is queued for the trainer (the pipeline hands it over right before
         # starting this one), so a trainer holding lent GPUs starts on it now
         waits = r > self.pipeline.first_batch
-        self._predicted_at_start[r] = self.elastic.batch_prediction(trainer_waits=waits)
+        self._predicted_at_start[r] = self.elastic.batch_forecast(trainer_waits=waits)
+
+    def _on_worker_failed(self, worker_id: str, reason: str) -> None:
+        self.elastic.worker_failed(worker_id, reason)
+
+    def _on_trajectory_done(self, record: TrajectoryRecord) -> None:
+        if self._record_trajectory is not None:
+            self._record_trajectory(record)
+        if self._trajectory_done is not None:
+            self._trajectory_done(record)
 
     async def _on_batch_done(self, r: int, records: list[TrajectoryRecord]) -> None:
         # ``run_batch(r)`` appended its makespan just before this call (no await in between)

@@ -19,14 +19,17 @@ kind, concurrently. A step that fails on the engine is recorded in ``errors`` an
 removed from the table (a worker we cannot control must not stay in the topology).
 
 ``latest_weights`` (a callable returning ``(version, path)``) is how newly activated workers
-learn which snapshot to load: the lazy pull of paper Sec. 5.
+learn which snapshot to load: the lazy pull of paper Sec. 5. ``listeners`` (given to the
+constructor) are called with every new state, in order (the journal records it durably).
+
+Public names: ``PlanExecutor``, ``ExecutionReport``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pearl.core.planner import Plan, StepKind
@@ -50,18 +53,19 @@ class ExecutionReport:
 
 class PlanExecutor:
     def __init__(self, state: ClusterState, engine: InferenceEngine, pipeline: PipelineScheduler, clock: Clock,
-                 latest_weights: Callable[[], tuple[int, str]]) -> None:
+                 latest_weights: Callable[[], tuple[int, str]],
+                 listeners: Sequence[Callable[[ClusterState], None]] = ()) -> None:
         self.state = state
         self.engine = engine
         self.pipeline = pipeline
         self.clock = clock
         self.latest_weights = latest_weights
-        self.listeners: list[Callable[[ClusterState], None]] = []
+        self._listeners = tuple(listeners)
 
     # ------------------------------------------------------------------ state changes
     def set_state(self, new: ClusterState) -> None:
         self.state = new
-        for f in self.listeners:
+        for f in self._listeners:
             f(new)
 
     def _status(self, worker_id: str, status: WorkerStatus) -> None:

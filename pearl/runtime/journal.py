@@ -32,11 +32,11 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
 * writes: every generation result passes ``JournaledEngine`` (the runtime's engine is wrapped)
   and is journaled as a part of its ``(trajectory, turn)`` before the pipeline sees it - normal,
   aborted, or the partial carried by ``EngineDeadError``; every completed trajectory
-  (``pipeline.on_trajectory_done``); every batch the trainer has trained on once the update is
+  (``PipelineHooks.trajectory_done``); every batch the trainer has trained on once the update is
   durable (``publish`` / ``batch_trained`` -> ``record_consumed``: after a checkpoint, so a batch
   the trainer held mid-update, or trained on after the last checkpoint, is delivered again after a
   restart, which resumes the trainer from that checkpoint); every state change
-  (``executor.listeners`` -> ``record_state``).
+  (the executor's ``listeners`` -> ``record_state``).
 * restart (a controller built on an existing journal):
 
   1. ``recover()`` gives the last GPU table, the completed trajectories (and which were consumed)
@@ -45,7 +45,7 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
      preemptible GPU is still ours; the servers died with the controller and are relaunched by
      the start-up re-plan);
   3. batches the trainer consumed are skipped (``first_unconsumed_batch``); completed but
-     unconsumed trajectories are handed on as journaled (``pipeline.recovered``), never
+     unconsumed trajectories are handed on as journaled (the pipeline's ``Resume``), never
      regenerated;
   4. an in-flight trajectory is replayed: its session runs again, and each request of a turn with
      journaled parts is answered from the journal (``JournaledEngine``: one part per attempt, the
@@ -61,13 +61,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus
+
+if TYPE_CHECKING:
+    from pearl.core.state import ClusterState
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -485,10 +488,21 @@ def first_unconsumed_batch(consumed: Iterable[str], batch_size: int) -> int:
     return r
 
 
-def attach(journal: Journal, ctrl: Any, run: RecoveredRun) -> None:
-    """Wire ``journal`` into a controller: state changes, completions; restore the recovered run."""
-    ctrl.executor.listeners.append(lambda st: journal.record_state(st.to_dict()))
-    journal.record_state(ctrl.executor.state.to_dict())
-    ctrl.pipeline.on_trajectory_done = journal.record_trajectory
-    ctrl.pipeline.recovered = {r.traj_id: r for r in run.unconsumed}
-    ctrl.pipeline.first_batch = first_unconsumed_batch(run.consumed, ctrl.pipeline.batch_size)
+@dataclass(frozen=True, slots=True)
+class JournalHooks:
+    """What a controller wires from a journal (``attach``): ``record_state`` for the executor's
+    state listeners, ``record_trajectory`` for the pipeline's completions, and where the recovered
+    run resumes (``completed``: trajectory id -> record, handed on as journaled; ``first_batch``)."""
+
+    record_state: Callable[[ClusterState], None]
+    record_trajectory: Callable[[TrajectoryRecord], object]
+    completed: Mapping[str, TrajectoryRecord]
+    first_batch: int
+
+
+def attach(journal: Journal, state: ClusterState, run: RecoveredRun, batch_size: int) -> JournalHooks:
+    """Record the starting ``state`` in ``journal`` and return the hooks that keep it current and
+    restore the recovered ``run``: state changes, completions, the resume point."""
+    journal.record_state(state.to_dict())
+    return JournalHooks(lambda st: journal.record_state(st.to_dict()), journal.record_trajectory,
+                        {r.traj_id: r for r in run.unconsumed}, first_unconsumed_batch(run.consumed, batch_size))

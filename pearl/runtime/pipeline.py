@@ -12,7 +12,16 @@ Life cycle (one owner task, ``run``; every trajectory task belongs to its batch)
                       next route: nothing lost, nothing generated twice
             response -> session.step (env time) -> next TurnInput | EpisodeEnd
             one TelemetryRecord per turn -> RuntimeTracker
-        batch done -> ``on_batch_done(records)`` (profile refit) -> queue for the trainer
+        batch done -> ``hooks.batch_done(r, records)`` (profile refit) -> queue for the trainer
+
+Hooks (``PipelineHooks``, given to the constructor, each optional): ``batch_started(r)`` as batch
+``r`` starts (the controller records its batch forecast), ``batch_done(r, records)`` awaited
+before the batch is queued, ``worker_failed(worker_id, reason)`` when a worker died or could not
+load weights (it is no longer dispatchable; the controller removes it from the topology),
+``trajectory_done(record)`` on every completion (the journal). A restarted run passes a
+``Resume``: trajectories completed before the restart are handed on as journaled (never generated
+again) and the batches the trainer already consumed are skipped. ``weights``: the ``(version,
+path)`` the run starts on (the trainer's version until it publishes a newer one).
 
 Staleness: rollout batch ``r`` is admitted once the trainer has published version
 ``>= r - max_staleness``; every request is served with the weights the worker holds, and the
@@ -41,7 +50,8 @@ each returns ``finish_reason=abort`` with its partial output, which the turn kee
 elsewhere. ``sync_weights(version, path)`` pauses dispatch, aborts in-flight requests, loads the
 new weights on every dispatchable worker and resumes (ROLL's partial-rollout model update).
 
-Public names: ``PipelineScheduler``, ``Router``, ``Route``, ``PipelineStats``.
+Public names: ``PipelineScheduler``, ``PipelineHooks``, ``Resume``, ``Router``, ``Route``,
+``PipelineStats``.
 """
 
 from __future__ import annotations
@@ -321,6 +331,26 @@ class PipelineStats:
     weight_syncs: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineHooks:
+    """What the pipeline tells its owner (module docstring, "Hooks"); None: nobody is told."""
+
+    batch_started: Callable[[int], None] | None = None
+    batch_done: Callable[[int, list[TrajectoryRecord]], Awaitable[None]] | None = None
+    worker_failed: Callable[[str, str], None] | None = None
+    trajectory_done: Callable[[TrajectoryRecord], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a restarted run picks up: ``completed`` (trajectory id -> record) were completed
+    before the restart and are returned as they are; ``first_batch`` is the first batch the trainer
+    has not consumed whole."""
+
+    completed: Mapping[str, TrajectoryRecord] = field(default_factory=dict)
+    first_batch: int = 0
+
+
 @dataclass
 class _Traj:
     spec: SessionSpec
@@ -346,7 +376,9 @@ class PipelineScheduler:
         max_staleness: int,
         max_trajectory_tokens: int,
         router: Router | None = None,
-        on_batch_done: Callable[[int, list[TrajectoryRecord]], Awaitable[None]] | None = None,
+        hooks: PipelineHooks | None = None,
+        resume: Resume | None = None,
+        weights: tuple[int, str] = (0, ""),
         error_backoff_s: float = 1.0,
         max_batches: int | None = None,
     ) -> None:
@@ -361,13 +393,13 @@ class PipelineScheduler:
         self.max_staleness = max_staleness
         self.max_trajectory_tokens = max_trajectory_tokens
         self.router = router or Router()
-        self.on_batch_done = on_batch_done
+        self.hooks = hooks or PipelineHooks()
         self.error_backoff_s = error_backoff_s
         self.max_batches = max_batches
         self.stats = PipelineStats()
-        self.trainer_version = 0
+        self.trainer_version = weights[0]  # the newest version the trainer has published
         self.worker_versions: dict[str, int] = {}
-        self.weights: tuple[int, str] = (0, "")  # latest (version, path) every serving worker must hold
+        self.weights = weights  # latest (version, path) every serving worker must hold
         self._refresh: dict[str, asyncio.Task[None]] = {}
         self._version_changed = asyncio.Event()
         self._batches: asyncio.Queue[list[TrajectoryRecord]] = asyncio.Queue()
@@ -375,16 +407,9 @@ class PipelineScheduler:
         self._drained: dict[str, asyncio.Event] = {}  # set when a worker's count drops to 0
         self._trajs: dict[str, _Traj] = {}
         self.failures: list[str] = []
-        self.on_batch_start: Callable[[int], None] | None = None
-        #: Called with (worker_id, reason) when a worker died or could not load weights; the worker
-        #: is no longer dispatchable and the controller removes it from the topology (re-plan).
-        self.on_worker_failed: Callable[[str, str], None] | None = None
-        #: Restart recovery (``pearl.runtime.journal``): trajectories completed before a restart are
-        #: returned as journaled (never generated again); ``first_batch`` skips the batches the
-        #: trainer already consumed; ``on_trajectory_done`` journals every completion.
-        self.recovered: dict[str, TrajectoryRecord] = {}
-        self.first_batch = 0
-        self.on_trajectory_done: Callable[[TrajectoryRecord], None] | None = None
+        resume = resume or Resume()
+        self._recovered: dict[str, TrajectoryRecord] = dict(resume.completed)  # handed on once each
+        self.first_batch = resume.first_batch
         self._batch_done = asyncio.Event()
 
     # ------------------------------------------------------------------ trainer side
@@ -493,8 +518,8 @@ class PipelineScheduler:
     def _worker_failed(self, worker_id: str, reason: str) -> None:
         """Stop dispatching to a failed worker (a dead server must not be picked again: every retry
         would fail at once) and tell the controller."""
-        if self.router.remove(worker_id) and self.on_worker_failed is not None:
-            self.on_worker_failed(worker_id, reason)
+        if self.router.remove(worker_id) and self.hooks.worker_failed is not None:
+            self.hooks.worker_failed(worker_id, reason)
 
     def inflight_on(self, worker_id: str) -> int:
         return self._inflight.get(worker_id, 0)
@@ -510,8 +535,8 @@ class PipelineScheduler:
             while self.trainer_version < r - self.max_staleness:
                 await self._version_changed.wait()
             records = await self.run_batch(r)
-            if self.on_batch_done is not None:
-                await self.on_batch_done(r, records)
+            if self.hooks.batch_done is not None:
+                await self.hooks.batch_done(r, records)
             self._batches.put_nowait([x for x in records if x.status is TrajectoryStatus.COMPLETED])
             r += 1
 
@@ -523,8 +548,8 @@ class PipelineScheduler:
         ]
         t0 = self.clock.now()
         self.stats.batch_started_at = t0
-        if self.on_batch_start is not None:
-            self.on_batch_start(r)
+        if self.hooks.batch_started is not None:
+            self.hooks.batch_started(r)
         tasks = [asyncio.create_task(self._trajectory(sp), name=f"traj-{sp.traj_id}") for sp in specs]
         try:
             records = list(await asyncio.gather(*tasks))
@@ -550,7 +575,7 @@ class PipelineScheduler:
 
     # ------------------------------------------------------------------ one trajectory
     async def _trajectory(self, spec: SessionSpec) -> TrajectoryRecord:
-        journaled = self.recovered.pop(spec.traj_id, None)
+        journaled = self._recovered.pop(spec.traj_id, None)
         if journaled is not None:  # completed before a restart: hand it on as it was
             self.stats.trajectories_completed += 1
             return journaled
@@ -593,8 +618,8 @@ class PipelineScheduler:
             info["turns"] = turn
             done = TrajectoryRecord(spec.traj_id, spec.group_id, tuple(segments), ti.reward,
                                     TrajectoryStatus.COMPLETED, MappingProxyType(info))
-            if self.on_trajectory_done is not None:
-                self.on_trajectory_done(done)
+            if self.hooks.trajectory_done is not None:
+                self.hooks.trajectory_done(done)
             return done
         except asyncio.CancelledError:
             raise

@@ -19,8 +19,8 @@ init, then the first ``load_weights`` of the latest snapshot). Members stay *out
 and the decision engine see the group only when ``admit`` adds every member at once. ``admit``
 first re-checks every member reports the latest weight version (the trainer may have published a
 newer one meanwhile: the member reloads) and fails the whole group if any member cannot.
-``on_ready(group)`` is called when a group is ready or failed (the Elastic Scheduler enqueues an
-event so that admission happens on its queue).
+``expand(members, on_settled)``: ``on_settled(group)`` is called when that group is ready or
+failed (the Elastic Scheduler enqueues an event so that admission happens on its queue).
 
 **Worker ids are never reused.** The planner names a new worker after its first GPU and the state
 version (``w-<gpu>-<version>``); a failed or cancelled group leaves the version unchanged, so a
@@ -98,13 +98,11 @@ class ShrinkReport:
 
 class ClusterRebuilder:
     def __init__(self, executor: PlanExecutor, engine: InferenceEngine, clock: Clock,
-                 latest_weights: Callable[[], tuple[int, str]],
-                 on_ready: Callable[[ExpansionGroup], None] | None = None) -> None:
+                 latest_weights: Callable[[], tuple[int, str]]) -> None:
         self.executor = executor
         self.engine = engine
         self.clock = clock
         self.latest_weights = latest_weights
-        self.on_ready = on_ready
         self.groups: dict[str, ExpansionGroup] = {}
         self._seq = 0
         self._issued: set[str] = set()  # every member id any group was given (module docstring)
@@ -137,9 +135,11 @@ class ClusterRebuilder:
                             deadline)
 
     # ------------------------------------------------------------------ expansion
-    def expand(self, members: dict[str, tuple[tuple[str, ...], Role]]) -> ExpansionGroup:
+    def expand(self, members: dict[str, tuple[tuple[str, ...], Role]],
+               on_settled: Callable[[ExpansionGroup], None] | None = None) -> ExpansionGroup:
         """Start preparing a group in the background; returns at once. A member id used by an
-        earlier group is renamed (module docstring): read the ids from the returned group."""
+        earlier group is renamed (module docstring): read the ids from the returned group.
+        ``on_settled(group)`` is called once the group is ready or failed (not when cancelled)."""
         self._seq += 1
         unique: dict[str, tuple[tuple[str, ...], Role]] = {}
         for wid, spec in members.items():
@@ -151,10 +151,11 @@ class ClusterRebuilder:
         self._issued.update(unique)
         grp = ExpansionGroup(f"x{self._seq}", unique, self.clock.now())
         self.groups[grp.group_id] = grp
-        grp.task = asyncio.get_running_loop().create_task(self._prepare(grp), name=f"expansion-{grp.group_id}")
+        grp.task = asyncio.get_running_loop().create_task(self._prepare(grp, on_settled),
+                                                          name=f"expansion-{grp.group_id}")
         return grp
 
-    async def _prepare(self, grp: ExpansionGroup) -> None:
+    async def _prepare(self, grp: ExpansionGroup, on_settled: Callable[[ExpansionGroup], None] | None) -> None:
         version, path = self.latest_weights()
 
         async def one(wid: str, gpus: tuple[str, ...], role: Role) -> None:
@@ -181,8 +182,8 @@ class ClusterRebuilder:
         else:
             grp.status = GroupStatus.READY
             grp.ready_at = self.clock.now()
-        if self.on_ready is not None:
-            self.on_ready(grp)
+        if on_settled is not None:
+            on_settled(grp)
 
     async def _stop_members(self, grp: ExpansionGroup) -> None:
         for w in grp.members:

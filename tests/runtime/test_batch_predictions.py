@@ -1,19 +1,19 @@
-"""The Controller pairs each rollout batch's predicted makespan with that batch's observed one.
+"""The Controller pairs each rollout batch's batch forecast with that batch's observed makespan.
 
-Question checked (issue 3, session 2): can the next batch's ``_on_batch_start`` overwrite the
-current batch's prediction before ``_on_batch_done`` records it? In ``PipelineScheduler.run``
-batches are sequential (``run_batch(r)`` returns, ``on_batch_done(r)`` is awaited, then batch
-``r + 1`` starts), so it cannot today; the Controller keys predictions by batch index anyway, so
-the pairing stays right if batches are ever overlapped.
+In ``PipelineScheduler.run`` batches are sequential (``run_batch(r)`` returns, the ``batch_done``
+hook is awaited, then batch ``r + 1`` starts), so the next batch's start cannot overwrite the
+current batch's forecast before it is recorded; the Controller keys forecasts by batch index
+anyway, so the pairing stays right if batches are ever overlapped. The forecasts themselves are
+``pearl.core.outlook``'s, over the scheduler's ``PoolOutlook`` (tests/core/test_outlook.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 
+from pearl.core.outlook import pool_changes
 from pearl.runtime.agent import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
@@ -21,43 +21,47 @@ from pearl.runtime.controller import Controller
 from .helpers import ScriptedSession, config, engine
 
 
-def _controller(clock: LoopClock, max_batches: int) -> Controller:
+class _Recording(Controller):
+    """A Controller that records the order of its batch hooks and the decided makespan ``M_cur``
+    at each batch start (the profiles refit at the previous batch's end: the forecast decides on
+    them now; the re-plan that will act on them is queued behind this start)."""
+
+    order: list[tuple[str, int]]
+    at_start: dict[int, float]
+
+    def _on_batch_start(self, r: int) -> None:
+        el = self.elastic
+        d = el.decision
+        self.order.append(("start", r))
+        self.at_start[r] = el.decider().decide(d.n_workers, el.allocation).predicted_makespan_s \
+            if d is not None else math.nan
+        super()._on_batch_start(r)
+
+    async def _on_batch_done(self, r: int, records) -> None:
+        self.order.append(("done", r))
+        await super()._on_batch_done(r, records)
+
+
+def _controller(clock: LoopClock, max_batches: int) -> _Recording:
     cfg = config(**{"workload.batch_size": 8, "workload.group_size": 4, "cluster.reserved_gpus": 2,
                     "cluster.training_gpus": 0, "cluster.max_preemptible_gpus": 0})
 
     def factory(spec: SessionSpec) -> ScriptedSession:
         return ScriptedSession(spec, clock, turns=3, response=200, env_s=2.0)
 
-    return Controller(cfg, engine(clock, cfg), factory, clock=clock, max_batches=max_batches)
+    ctl = _Recording(cfg, engine(clock, cfg), factory, clock=clock, max_batches=max_batches)
+    ctl.order, ctl.at_start = [], {}
+    return ctl
 
 
 def test_each_batch_is_paired_with_the_prediction_in_force_at_its_start() -> None:
     async def main():
         clock = LoopClock()
         ctl = _controller(clock, max_batches=2)
-        order: list[tuple[str, int]] = []
-        at_start: dict[int, float] = {}
-        start_cb, done_cb = ctl.pipeline.on_batch_start, ctl.pipeline.on_batch_done
-        assert start_cb is not None and done_cb is not None
-
-        def on_start(r: int) -> None:
-            order.append(("start", r))
-            el = ctl.elastic
-            d = el.decision
-            # the profiles refit at the previous batch's end: the prediction decides on them now
-            # (the re-plan that will act on them is queued behind this start)
-            at_start[r] = el.decide(d.n_workers, el.allocation).predicted_makespan_s if d is not None else math.nan
-            start_cb(r)
-
-        async def on_done(r: int, records) -> None:
-            order.append(("done", r))
-            await done_cb(r, records)
-
-        ctl.pipeline.on_batch_start, ctl.pipeline.on_batch_done = on_start, on_done
         await ctl.start()
         await ctl.wait_batches(2)
         await ctl.stop()
-        return ctl, order, at_start
+        return ctl, ctl.order, ctl.at_start
 
     ctl, order, at_start = run_virtual(main())
     # batches never overlap: batch r+1 starts only after batch r's prediction was recorded
@@ -66,15 +70,15 @@ def test_each_batch_is_paired_with_the_prediction_in_force_at_its_start() -> Non
     assert ctl.batch_predictions == [(at_start[0], spans[0]), (at_start[1], spans[1])]
 
 
-def test_overlapping_batches_keep_their_own_predictions() -> None:
-    """Driven directly: batch 1 starts (with a new decision) before batch 0 is done."""
+def test_overlapping_batches_keep_their_own_predictions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Driven directly: batch 1 starts (with a new forecast) before batch 0 is done."""
     async def main():
         clock = LoopClock()
         ctl = _controller(clock, max_batches=0)  # the pipeline runs no batch of its own
         await ctl.start()
         await ctl.elastic.idle()
         predictions = iter([150.0, 450.0])
-        ctl.elastic.batch_prediction = lambda trainer_waits: next(predictions)  # type: ignore[method-assign]
+        monkeypatch.setattr(ctl.elastic, "batch_forecast", lambda trainer_waits: next(predictions))
         ctl._on_batch_start(0)
         ctl._on_batch_start(1)
         ctl.pipeline.stats.batch_makespans.append(100.0)
@@ -91,7 +95,7 @@ def test_overlapping_batches_keep_their_own_predictions() -> None:
 def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None:
     """With training GPUs lent at a batch's start and a batch waiting for the trainer, the
     prediction is the decision's makespan, then the pool without the lent workers from the return
-    on, then the regrown pool once the step is done (``ElasticScheduler.batch_prediction``); the
+    on, then the regrown pool once the step is done (``outlook.batch_forecast``); the
     training step estimate follows the observed spans."""
     from pearl.core.affinity import effective_slack, typical_turn
     from pearl.core.events import TrainingFinished, TrainingStarted
@@ -110,7 +114,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         await ctl.start()
         await ctl.elastic.idle()
         el = ctl.elastic
-        alone = el.batch_prediction(trainer_waits=True)
+        alone = el.batch_forecast(trainer_waits=True)
         assert alone == el.decision.predicted_makespan_s  # nothing lent: the decision as it is
 
         await ctl.notify(TrainingStarted(0, event_id="s0"))
@@ -118,18 +122,18 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         await ctl.notify(TrainingFinished(0, 1, event_id="f0"))  # lends the 2 training GPUs (no gate)
         await el.idle()
         assert el.toggle.borrowed and el.decision.n_workers == 4
-        assert el.train_step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
-        got = el.batch_prediction(trainer_waits=True)
+        assert el.trainer.step_s == pytest.approx(100.0 + 0.5 * (60.0 - 100.0), abs=0.5)  # EMA of the 60-s span
+        got = el.batch_forecast(trainer_waits=True)
         m_cur = el.decision.predicted_makespan_s
-        back = el.decide(4, el.allocation)  # the regrown pool keeps the allocation in force (hysteresis)
+        back = el.decider().decide(4, el.allocation)  # the regrown pool keeps the allocation in force (hysteresis)
         slack = effective_slack(el.tracker.hardware, typical_turn(el.tracker.workload), el.pipeline.router.affinity_slack)
         n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
         m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
         d_ret, d_act = el.costs.deactivation_s, el.costs.activation_s
-        schedule = [(0.0, m_cur), (d_ret, el.predicted(2)), (d_ret + el.train_step_s + d_act, m_back)]
+        schedule = [(0.0, m_cur), (d_ret, el.decider().fresh_makespan(2)), (d_ret + el.trainer.step_s + d_act, m_back)]
         pools = compose_makespan(schedule)
         # the step's weight sync lands inside the batch, on the 2 workers left after the return
-        t_sync = d_ret + el.train_step_s
+        t_sync = d_ret + el.trainer.step_s
         d = el.decision
         assert t_sync < pools
         prog = batch_progress(schedule, t_sync)
@@ -138,7 +142,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         else:  # its prefill pool, shrunk in proportion to the 2 of 4 workers left
             stall = sync_stall_s(d.hw, d.wl.prefill_pool_view(), d.batch, prog, max(d.target.n_prefill * 2 / 4, 1.0),
                                  el.costs.weight_sync_s, disaggregated=True)
-        no_wait = el.batch_prediction(trainer_waits=False)
+        no_wait = el.batch_forecast(trainer_waits=False)
         await ctl.stop()
         return got, pools, stall, m_cur, no_wait
 
@@ -152,7 +156,7 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
 def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None:
     """A reclaim notice pending at a batch's start takes its workers away when its shrink starts; an
     expansion in preparation adds its members when preparation and finalization are expected done
-    (``ElasticScheduler._known_pool_changes``)."""
+    (``outlook.pool_changes``)."""
     from pearl.core.events import GpusGranted, GrantedGpu, ReclaimNotice
     from pearl.core.makespan import compose_makespan
 
@@ -176,20 +180,20 @@ def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None
         await el.idle()
         assert el.decision.n_workers == 4 and not ctl.rebuilder.pending()
         m4 = el.decision.predicted_makespan_s
-        assert el.batch_prediction(trainer_waits=True) == m4  # nothing known: the decision as it is
+        assert el.batch_forecast(trainer_waits=True) == m4  # nothing known: the decision as it is
 
         # a notice on p1, 100 s ahead: one worker leaves when its shrink starts
         now = clock.now()
         await ctl.submit(ReclaimNotice(("p1",), deadline=now + 100.0, notice_id="n1", event_id="rc1"))
         await el.idle()
-        got_notice = el.batch_prediction(trainer_waits=False)
-        want_notice = compose_makespan([(0.0, m4), (100.0 - el.shrink_margin_s, el.predicted(3))])
+        got_notice = el.batch_forecast(trainer_waits=False)
+        want_notice = compose_makespan([(0.0, m4), (100.0 - el.shrink_margin_s, el.decider().fresh_makespan(3))])
 
         # a grant of two more GPUs while the notice is pending: an expansion group starts preparing
         await ctl.submit(GpusGranted(tuple(GrantedGpu(g, "pn1", "i-2") for g in ("p2", "p3")), event_id="g2"))
         await el.idle()
         (pend,) = ctl.rebuilder.pending()
-        changes = el._known_pool_changes(False, el.decision.n_workers)
+        changes = pool_changes(el.outlook(), False, el.decision.n_workers)
         t_join = pend.started_at + el.costs.expansion_prep_s + el.costs.expansion_final_s - clock.now()
         await ctl.stop()
         return got_notice, want_notice, changes, t_join, len(pend.members), clock.now() - now, m4
@@ -200,37 +204,6 @@ def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None
     want = sorted([(100.0 - 5.0 - dt, -1), (t_join, k)])
     assert [c[1] for c in changes] == [w[1] for w in want]
     assert [c[0] for c in changes] == [pytest.approx(w[0]) for w in want]
-
-
-def test_remaining_time_integrates_progress_over_the_decisions_in_force() -> None:
-    """``remaining_s``: the batch progressed at 1 / M_i under each decision since its start; a pool
-    that grew mid-batch does not count the whole elapsed time at the new pool's speed."""
-
-    async def main():
-        clock = LoopClock()
-        ctl = _controller(clock, max_batches=0)
-        await ctl.start()
-        el = ctl.elastic
-        await el.idle()
-        d = el.decision
-        t_b = clock.now()
-        el.batch_started_at = lambda: t_b
-        el._speeds = [(t_b - 50.0, 400.0)]  # in force when the batch started
-        await clock.sleep(100.0)
-        one = el.remaining_s()
-        el.decision = dataclasses.replace(d, predicted_makespan_s=200.0)  # the pool grew at t_b + 100
-        el._speeds.append((clock.now(), 200.0))
-        await clock.sleep(50.0)
-        two = el.remaining_s()
-        await clock.sleep(1000.0)  # overrun: the tail formula
-        three, running = el.remaining_s(), ctl.pipeline.remaining_trajectories()
-        await ctl.stop()
-        return one, two, three, running, d.predicted_makespan_s
-
-    one, two, three, running, m0 = run_virtual(main())
-    assert one == pytest.approx((1 - 100.0 / 400.0) * m0)  # one decision: M - elapsed scaled to M_now
-    assert two == pytest.approx((1 - 100.0 / 400.0 - 50.0 / 200.0) * 200.0)  # 100 s, not M - elapsed = 50 s
-    assert three == pytest.approx(running / 8 * 200.0)
 
 
 def test_weight_sync_pause_is_measured_and_only_a_trainer_brings_syncs() -> None:
@@ -258,11 +231,11 @@ def test_weight_sync_pause_is_measured_and_only_a_trainer_brings_syncs() -> None
             trainer.start()
         await ctl.wait_batches(3)
         el = ctl.elastic
-        d = el.decide(el.decision.n_workers, el.allocation)
-        pred = el.batch_prediction(trainer_waits=True)
+        d = el.decider().decide(el.decision.n_workers, el.allocation)
+        pred = el.batch_forecast(trainer_waits=True)
         await trainer.stop()
         await ctl.stop()
-        return el.costs.weight_sync_s, el.trainings_seen, pred, d.predicted_makespan_s, ctl.pipeline.stats.weight_syncs
+        return el.costs.weight_sync_s, el.trainer.steps_seen, pred, d.predicted_makespan_s, ctl.pipeline.stats.weight_syncs
 
     sync_s, seen, pred, m_cur, syncs = run_virtual(main(True))
     assert seen >= 2 and syncs >= 2

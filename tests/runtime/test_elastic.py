@@ -1,363 +1,281 @@
-"""Elastic Scheduler + Rebuilder + Toggle Manager driven through the Controller on the emulator."""
+"""Elastic Scheduler alone: its queue, handlers and re-plans over the executor, rebuilder, toggle
+manager, tracker and pipeline it is given (the emulated engine underneath; no Controller; a
+rollout batch runs only where a test starts one)."""
 
 from __future__ import annotations
 
+import asyncio
+import math
+from dataclasses import replace
+
+import pytest
+
+from pearl.config import RunConfig
+from pearl.core.decision import Allocation, Decision, Mode
 from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
-from pearl.core.state import Zone
-from pearl.runtime.agent import SessionSpec
+from pearl.core.outlook import Expansion, Reclaim, hold_s, pool_changes
+from pearl.core.override import Decider
+from pearl.core.planner import StepKind
+from pearl.core.state import ClusterState, Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import LoopClock, run_virtual
-from pearl.runtime.controller import Controller
+from pearl.runtime.control import UnknownResourceError
+from pearl.runtime.elastic import ElasticScheduler
+from pearl.runtime.rebuilder import ClusterRebuilder
+from pearl.runtime.toggle import ToggleManager
 
-from .helpers import ScriptedSession, config, engine
+from .helpers import Rig, config, rig
 
 
-def _cfg(**kw):
-    base = {"workload.batch_size": 8, "workload.group_size": 4, "cluster.reserved_gpus": 2,
-            "cluster.training_gpus": 2, "cluster.max_preemptible_gpus": 4}
+def _cfg(**kw: object) -> RunConfig:
+    base: dict[str, object] = {"workload.batch_size": 8, "workload.group_size": 4, "policy.gate_enabled": False,
+                               "train.step_time_s": 100.0, "policy.cost_ema_alpha": 0.5}
     base.update(kw)
     return config(**base)
 
 
-def _controller(clock, cfg, turns=40):
-    eng = engine(clock, cfg)
-    sessions: dict[str, ScriptedSession] = {}
-
-    def factory(spec: SessionSpec) -> ScriptedSession:
-        s = ScriptedSession(spec, clock, turns=turns, response=300, env_s=3.0)
-        sessions[spec.traj_id] = s
-        return s
-
-    ctl = Controller(cfg, eng, factory, clock=clock)
-    return ctl, eng, sessions
+def _state(training: int = 2) -> ClusterState:
+    return ClusterState.build([Gpu("r0", Zone.RESERVED, "rnode0"), Gpu("r1", Zone.RESERVED, "rnode0")]
+                              + [Gpu(f"t{i}", Zone.OVERLAP, "tnode0") for i in range(training)])
 
 
-def _grant(ids, eid):
-    return GpusGranted(tuple(GrantedGpu(g, "pnode0", "inst-1") for g in ids), event_id=eid)
+def _scheduler(clock: LoopClock, cfg: RunConfig | None = None,
+               state: ClusterState | None = None) -> tuple[ElasticScheduler, Rig]:
+    r = rig(clock, state or _state(), cfg or _cfg())
+    rb = ClusterRebuilder(r.executor, r.engine, clock, r.latest_weights)
+    tg = ToggleManager(r.executor, r.engine, clock, r.cfg.cluster.tp_size)
+    return ElasticScheduler(r.cfg, clock, r.executor, rb, tg, r.tracker, r.pipeline), r
 
 
-async def _expansion_settled(ctl):
-    """Wait for the newest expansion group to be admitted or failed (its task, then the queue)."""
-    await ctl.elastic.idle()
-    grp = list(ctl.rebuilder.groups.values())[-1]
-    await grp.task
-    await ctl.elastic.idle()
-    return grp
+async def _started(el: ElasticScheduler) -> None:
+    """Start the queue, plan the reserved workers and wait until their expansion is admitted."""
+    el.start()
+    await el.toggle.prepare(0, "emulated://v0")
+    out = await el.replan("startup")
+    assert out.expansion is not None
+    task = el.rebuilder.groups[out.expansion].task
+    assert task is not None
+    await task
+    await el.idle()
 
 
-def _serving(ctl) -> set[str]:
-    return {w["worker_id"] for w in ctl.state_dict()["workers"] if w["status"] == "active"}
+def _grant(*ids: str, eid: str = "") -> GpusGranted:
+    return GpusGranted(tuple(GrantedGpu(g, "pnode0", "i-1") for g in ids), event_id=eid)
 
 
-def test_startup_admits_reserved_workers_and_parks_overlap_workers() -> None:
+def _active(el: ElasticScheduler) -> set[str]:
+    return {w for w, x in el.executor.state.workers.items() if x.status is WorkerStatus.ACTIVE}
+
+
+def test_the_first_replan_decides_plans_and_launches_the_workers_as_one_expansion() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
-        await ctl.start()
-        st = ctl.state_dict()
-        await ctl.stop()
-        return ctl, st
+        el, _r = _scheduler(clock)
+        el.start()
+        out = await el.replan("startup")
+        before = set(el.executor.state.workers)
+        assert out.expansion is not None
+        task = el.rebuilder.groups[out.expansion].task
+        assert task is not None
+        await task
+        await el.idle()
+        await el.close()
+        return el, out, before
 
-    ctl, st = run_virtual(main())
-    by = {w["worker_id"]: w for w in st["workers"]}
-    assert {w for w, x in by.items() if x["status"] == "active"} == {"w-r0-0", "w-r1-0"}
-    assert {w for w, x in by.items() if x["status"] == "inactive"} == {"o-t0", "o-t1"}
-    # preparation 56-67 s + finalization 11-18 s (Table 3) before the first worker serves
-    assert 67.0 <= ctl.ready_at <= 85.0
-    d = ctl.decision_dict()  # the serving roles are exactly the decision's allocation
-    roles = sorted(x["role"] for x in by.values() if x["status"] == "active")
-    assert roles == sorted(["colocated"] * d["n_colocated"] + ["prefill"] * d["n_prefill"] + ["decode"] * d["n_decode"])
+    el, out, before = run_virtual(main())
+    assert out.reason == "startup" and out.errors == () and out.error == ""
+    assert out.decision is not None and out.decision.n_workers == 2 and el.allocation == out.decision.target
+    assert out.plan is not None and [s.kind for s in out.plan.steps] == [StepKind.ADD, StepKind.ADD]
+    assert out.report is not None and out.report.steps == 0  # ADD steps are the rebuilder's
+    assert out.switch is not None and out.switch.gate is None  # a first decision passes the switch hold
+    assert before == set()  # preparing members stay outside the state
+    assert _active(el) == {"w-r0-0", "w-r1-0"}
+    assert el.reconfigurations == {"expansion": 1}
+    kinds = [h["kind"] for h in el.history]
+    assert kinds == ["expand_started", "replan", "replan", "expand_admitted"]
 
 
-def test_events_are_idempotent_on_event_id() -> None:
+def test_an_empty_budget_has_nothing_to_decide() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
-        await ctl.start()
-        first = await ctl.submit(_grant(["p0", "p1"], "grant-1"))
-        again = await ctl.submit(_grant(["p0", "p1"], "grant-1"))
-        await ctl.elastic.idle()
-        n_gpus = len(ctl.state_dict()["gpus"])
-        grants = [h for h in ctl.history(1000) if h["kind"] == "grant"]
-        await ctl.stop()
-        return first, again, n_gpus, grants
+        el, _r = _scheduler(clock, state=ClusterState.build([Gpu("t0", Zone.OVERLAP)]))
+        return el, await el.replan("nothing lent")
 
-    first, again, n_gpus, grants = run_virtual(main())
-    assert first.applied and not first.duplicate
-    assert not again.applied and again.duplicate and again.event_id == "grant-1"
-    assert n_gpus == 2 + 2 + 2
-    assert len(grants) == 1
+    el, out = run_virtual(main())
+    assert out.decision is None and out.plan is None and out.report is not None and out.errors == ()
+    assert el.allocation is None
+    assert el.history[-1]["detail"] == "no rollout GPU in the budget: nothing to decide"
 
 
-def test_expansion_is_admitted_as_a_whole_group() -> None:
+def test_bad_events_are_refused_with_named_errors() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
-        seen: list[set[str]] = []
-        await ctl.start()
-        ctl.executor.listeners.append(lambda s: seen.append(
-            {w.worker_id for w in s.workers.values() if w.status.value == "active"}))
-        t0 = clock.now()
-        await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
-        grp = await _expansion_settled(ctl)
-        await ctl.stop()
-        return t0, grp, seen
+        el, _r = _scheduler(clock)
+        el.start()
+        with pytest.raises(ValueError, match="a grant must name at least one GPU"):
+            await el.submit(GpusGranted(()))
+        with pytest.raises(ValueError, match=r"\['r0'\] are already in the cluster"):
+            await el.submit(_grant("r0"))
+        with pytest.raises(UnknownResourceError):
+            await el.submit(ReclaimNotice(("p9",), deadline=10.0))
+        with pytest.raises(ValueError, match="r1 is a reserved GPU; only preemptible GPUs can be reclaimed"):
+            await el.submit(ReclaimNotice(("r1",), deadline=10.0))
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        with pytest.raises(ValueError, match="deadline: inf is not a finite clock time"):
+            await el.submit(ReclaimNotice(("p0",), deadline=math.inf))
+        with pytest.raises(UnknownResourceError):
+            await el.submit(NoticeCancelled("n-none"))
+        again = await el.submit(_grant("p0", eid="g1"))
+        await el.close()
+        return again
 
-    t0, grp, seen = run_virtual(main())
-    assert grp.status.value == "admitted"
-    new = set(grp.members)
-    assert len(new) == 4
-    # every state ever seen has either none or all of the group serving
-    assert all(not (s & new) or new <= s for s in seen)
-    assert 56.0 + 11.0 <= grp.admitted_at - t0 <= 67.0 + 18.0 + 2.0
+    again = run_virtual(main())
+    assert not again.applied and again.duplicate and again.event_id == "g1"
 
 
-def test_failed_member_cancels_the_whole_expansion() -> None:
+def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> None:
     async def main():
         clock = LoopClock()
-        cfg = _cfg()
-        ctl, eng, _ = _controller(clock, cfg)
-        seen: list[set[str]] = []
-        await ctl.start()
-        ctl.executor.listeners.append(lambda s: seen.append(set(s.workers)))
-        eng.fail_next_launch(gpu="p2")
-        await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
-        grp = await _expansion_settled(ctl)
-        running = eng.worker_ids()
-        st = ctl.state_dict()
-        await ctl.stop()
-        return grp, seen, running, st
+        el, _r = _scheduler(clock)
+        await _started(el)
+        await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
+        await clock.sleep(60.0)
+        await el.submit(TrainingFinished(1, 1, expected_idle_s=300.0, event_id="tf1"), wait=True)  # lends t0, t1
+        lent = el.outlook()
+        await el.submit(_grant("p0", "p1", eid="g1"), wait=True)  # an expansion starts preparing
+        now = clock.now()
+        await el.submit(ReclaimNotice(("p0",), deadline=now + 200.0, notice_id="n1", event_id="rc1"), wait=True)
+        o = el.outlook()
+        changes = pool_changes(o, True, 6)
+        await el.close()
+        return el, lent, o, now, changes
 
-    grp, seen, running, st = run_virtual(main())
-    assert grp.status.value == "failed" and "injected" in grp.error
-    members = set(grp.members)
-    assert all(not (s & members) for s in seen)  # no member ever entered the topology
-    assert not (members & set(running))  # every member process was stopped
-    assert {g["gpu_id"] for g in st["gpus"] if g["zone"] == "preemptible"} == {"p0", "p1", "p2", "p3"}
-    assert all(not w["gpus"][0].startswith("p") for w in st["workers"])
+    el, lent, o, now, changes = run_virtual(main())
+    assert el.trainer.step_s == 100.0 + 0.5 * (60.0 - 100.0)  # EMA of the 60-s span
+    assert lent.lent_workers == 2 and lent.trainer.idle_window_s == 300.0 and lent.trainer.steps_seen == 1
+    assert lent.decision is not None and lent.decision.n_workers == 4
+    assert o.reclaims == (Reclaim(now + 200.0, frozenset({"p0"}), 0),)
+    (x,) = o.expansions
+    assert x.gpus == frozenset({"p0", "p1"}) and x.workers == 2 and x.ready_at is None
+    assert isinstance(x, Expansion)
+    # the expansion is on a noticed GPU (its shrink cancels it); the lent workers leave and return
+    d_ret, d_act = o.costs.deactivation_s, o.costs.activation_s
+    assert [(c.delta, c.regrowth) for c in changes] == [(-2, False), (2, True)]
+    assert changes[1].offset_s == pytest.approx(d_ret + o.trainer.step_s + d_act)
 
 
-def test_a_retried_expansion_never_reuses_a_failed_members_id() -> None:
-    """The failed group's servers may still be stopping when the re-plan retries the same GPUs at
-    the same state version: the retry's workers get fresh ids, and are admitted."""
+def test_a_failed_worker_is_removed_and_a_replacement_prepared() -> None:
     async def main():
         clock = LoopClock()
-        ctl, eng, _ = _controller(clock, _cfg())
-        await ctl.start()
-        eng.fail_next_launch(gpu="p2")
-        await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
-        failed = await _expansion_settled(ctl)
-        for _ in range(60):  # the re-plan 30 s after the failure considers the GPUs again
-            await clock.sleep(1.0)
-            if list(ctl.rebuilder.groups.values())[-1] is not failed:
-                break
-        retry = await _expansion_settled(ctl)
-        serving = _serving(ctl)
-        await ctl.stop()
-        return failed, retry, serving
+        el, r = _scheduler(clock, state=_state(0))
+        await _started(el)
+        el.worker_failed("w-r0-0", "server exited")
+        await el.idle()
+        pending = [sorted(g.members) for g in el.rebuilder.pending()]
+        running = r.engine.worker_ids()
+        await el.close()
+        return el, pending, running
 
-    failed, retry, serving = run_virtual(main())
-    assert failed.status.value == "failed" and retry.status.value == "admitted"
-    assert {g for gs in (s[0] for s in retry.members.values()) for g in gs} == {"p0", "p1", "p2", "p3"}
-    assert not set(failed.members) & set(retry.members)
-    assert all(w.rsplit(".", 1)[-1] == "2" for w in retry.members)  # w-p0-1 -> w-p0-1.2
-    assert set(retry.members) <= serving
+    el, pending, running = run_virtual(main())
+    assert el.reconfigurations["worker_failed"] == 1 and "w-r0-0" not in el.executor.state.workers
+    assert "w-r0-0" not in running
+    assert len(pending) == 1 and len(pending[0]) == 1 and pending[0][0].startswith("w-r0-")
+    assert pending[0][0] != "w-r0-0"
+    failed = [h for h in el.history if h["kind"] == "worker_failed"]
+    assert failed == [{"t": failed[0]["t"], "kind": "worker_failed", "worker": "w-r0-0", "reason": "server exited"}]
 
 
-def test_urgent_shrink_releases_before_the_deadline_and_loses_nothing() -> None:
+def test_training_start_waits_for_the_borrowed_gpus_to_come_back() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, sessions = _controller(clock, _cfg(), turns=6)
-        await ctl.start()
-        await ctl.submit(_grant(["p0", "p1", "p2", "p3"], "g"))
-        await _expansion_settled(ctl)
-        await clock.sleep(10.0)
-        serving = _serving(ctl)
-        deadline = clock.now() + 30.0
-        await ctl.submit(ReclaimNotice(("p0", "p1"), deadline=deadline, notice_id="n1", event_id="rc"))
-        await clock.sleep_until(deadline)
-        st = ctl.state_dict()
-        batch = await ctl.take_batch()
-        await ctl.stop()
-        return ctl, serving, st, batch, sessions, deadline
+        el, _r = _scheduler(clock)
+        await _started(el)
+        await el.submit(TrainingFinished(0, 0, expected_idle_s=300.0, event_id="tf0"), wait=True)
+        serving = _active(el)
+        await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
+        back = (el.toggle.borrowed, _active(el))
+        await el.close()
+        return el, serving, back
 
-    ctl, serving, st, batch, sessions, deadline = run_virtual(main())
-    assert any(w.startswith("w-p0") for w in serving)
-    (shrink,) = ctl.elastic.shrinks
-    assert shrink["released_at"] <= deadline and shrink["met_deadline"]
-    assert shrink["released_at"] == deadline - ctl.elastic.shrink_margin_s
-    assert {g["gpu_id"] for g in st["gpus"]} & {"p0", "p1"} == set()
-    assert all(w["gpus"][0] not in ("p0", "p1") for w in st["workers"])
-    assert len(batch) == 8
-    for rec in batch:  # interrupted turns resumed with nothing lost or duplicated
-        s = sessions[rec.traj_id]
-        assert [len(r) for r in s.seen] == [300] * 6
-        assert rec.response_tokens == 6 * 300
+    el, serving, (borrowed, after) = run_virtual(main())
+    # the retained workers were parked first (state version 2 when the reserved workers were named)
+    assert serving == {"w-r0-2", "w-r1-2", "o-t0", "o-t1"}
+    assert not borrowed and after == {"w-r0-2", "w-r1-2"}
+    assert el.reconfigurations["borrow"] == 1 and el.reconfigurations["return"] == 1
+    assert el.trainer.running
 
 
-def test_cancelled_notice_removes_nothing() -> None:
+def test_a_reclaim_notice_shrinks_before_its_deadline_and_a_cancelled_one_removes_nothing() -> None:
     async def main():
         clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
-        await ctl.start()
-        await ctl.submit(_grant(["p0", "p1"], "g"))
-        await _expansion_settled(ctl)
-        before = ctl.state_dict()
-        await ctl.submit(ReclaimNotice(("p0",), deadline=clock.now() + 60.0, notice_id="n1", event_id="rc"))
-        await clock.sleep(10.0)
-        await ctl.submit(NoticeCancelled("n1", event_id="cancel"))
+        el, _r = _scheduler(clock, state=_state(0))
+        await _started(el)
+        await el.submit(_grant("p0", "p1", eid="g1"), wait=True)
+        (grp,) = el.rebuilder.pending()
+        assert grp.task is not None
+        await grp.task
+        await el.idle()
+        grown = set(el.executor.state.workers)
+        now = clock.now()
+        await el.submit(ReclaimNotice(("p1",), deadline=now + 300.0, notice_id="keep"), wait=True)
+        await el.submit(NoticeCancelled("keep"), wait=True)
+        await el.submit(ReclaimNotice(("p0",), deadline=now + 60.0, notice_id="n1"), wait=True)
+        await clock.sleep(70.0)
+        await el.idle()
+        await el.close()
+        return el, grown, now
+
+    el, grown, now = run_virtual(main())
+    assert len(grown) == 4
+    (shrink,) = el.shrinks
+    assert shrink["gpus"] == ["p0"] and shrink["met_deadline"] and shrink["started_at"] == pytest.approx(now + 55.0)
+    assert set(el.executor.state.gpus) == {"r0", "r1", "p1"} and el.notices == {}
+    assert el.decision is not None and el.decision.n_workers == 3
+    assert [h["kind"] for h in el.history if h["kind"].startswith("notice")] == ["notice_cancelled"]
+
+
+def test_grants_are_declined_when_preemptible_gpus_are_off() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, _cfg(**{"policy.use_preemptible": False}), _state(0))
+        el.start()
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        await el.close()
+        return el
+
+    el = run_virtual(main())
+    assert set(el.executor.state.gpus) == {"r0", "r1"}
+    assert el.history[-1]["kind"] == "grant_declined" and el.history[-1]["reason"] == "policy.use_preemptible is off"
+
+
+def test_a_reclaim_notice_teaches_the_expected_lifetime_of_preemptible_gpus() -> None:
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock, state=_state(0))
+        el.start()
+        await el.submit(_grant("p0", eid="g1"), wait=True)
         await clock.sleep(100.0)
-        await ctl.elastic.idle()
-        after = ctl.state_dict()
-        await ctl.stop()
-        return ctl, before, after
+        await el.submit(ReclaimNotice(("p0",), deadline=clock.now() + 300.0, notice_id="n1"), wait=True)
+        again = el.expected_lifetime_s
+        await el.submit(ReclaimNotice(("p0",), deadline=clock.now() + 300.0, notice_id="n2"), wait=True)
+        await el.close()
+        return again, el.expected_lifetime_s
 
-    ctl, before, after = run_virtual(main())
-    assert ctl.elastic.shrinks == []
-    assert {g["gpu_id"] for g in after["gpus"]} == {g["gpu_id"] for g in before["gpus"]}
-
-
-def test_borrowed_gpus_return_before_training_starts() -> None:
-    async def main():
-        clock = LoopClock()
-        # PD forced: the borrowed decode workers take turns at once (colocated borrowed workers only
-        # receive trajectories once the affinity slack is exceeded, which 8 trajectories never do)
-        cfg = _cfg(**{"policy.gate_enabled": False, "policy.force_disaggregation": True})
-        ctl, _eng, _ = _controller(clock, cfg)
-        await ctl.start()
-        await clock.sleep(60.0)
-        await ctl.notify(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"))
-        borrowed = _serving(ctl)
-        await clock.sleep(60.0)
-        served = {r.worker_id for r in ctl.tracker.window}
-        t0 = clock.now()
-        await ctl.notify(TrainingStarted(2, event_id="ts2"))
-        t_back = clock.now()
-        st = ctl.state_dict()
-        await ctl.stop()
-        return ctl, borrowed, served, t0, t_back, st
-
-    ctl, borrowed, served, t0, t_back, st = run_virtual(main())
-    assert {"o-t0", "o-t1"} <= borrowed
-    assert {"o-t0", "o-t1"} & served  # the borrowed workers really served turns
-    (ret,) = [r for r in ctl.toggle.returns if r.workers]
-    assert ret.workers == ("o-t0", "o-t1")
-    # notify(TrainingStarted) returned exactly when the GPUs were back: deactivation 3.2-4.4 s
-    assert t_back - t0 == ret.delay_s and 3.2 <= ret.delay_s <= 4.4
-    overlap = [g for g in st["gpus"] if g["zone"] == Zone.OVERLAP.value]
-    assert overlap and not any(g["lent"] for g in overlap)
-    assert {w["worker_id"]: w["status"] for w in st["workers"] if w["worker_id"].startswith("o-")} == {
-        "o-t0": "inactive", "o-t1": "inactive"}
-
-
-def test_controller_is_a_control_plane_and_rejects_bad_requests() -> None:
-    import pytest
-
-    from pearl.runtime.control import ControlPlane, UnknownResourceError
-
-    async def main():
-        clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg())
-        await ctl.start()
-        assert isinstance(ctl, ControlPlane)
-        await ctl.submit(_grant(["p0"], "g"))
-        await ctl.elastic.idle()
-        assert ctl.instance_gpus("inst-1") == ("p0",)
-        with pytest.raises(UnknownResourceError):
-            ctl.instance_gpus("nope")
-        with pytest.raises(UnknownResourceError):
-            await ctl.submit(ReclaimNotice(("zz",), deadline=clock.now() + 10, event_id="bad"))
-        with pytest.raises(ValueError, match="reserved"):
-            await ctl.submit(ReclaimNotice(("r0",), deadline=clock.now() + 10, event_id="bad2"))
-        with pytest.raises(ValueError, match="already in the cluster"):
-            await ctl.submit(_grant(["p0"], "g-again"))
-        with pytest.raises(UnknownResourceError):
-            await ctl.submit(NoticeCancelled("no-such-notice", event_id="c"))
-        await ctl.elastic.idle()
-        out = (ctl.state_dict(), ctl.decision_dict(), ctl.history(5), ctl.progress(), ctl.config_dict())
-        await ctl.stop()
-        return out
-
-    state, decision, hist, prog, conf = run_virtual(main())
-    assert {g["gpu_id"] for g in state["gpus"]} >= {"r0", "r1", "t0", "t1", "p0"}
-    assert decision is not None and decision["candidates"]
-    assert len(hist) <= 5 and all("kind" in h and "t" in h for h in hist)
-    assert prog.rollout_step >= 0 and conf["workload"]["batch_size"] == 8
-
-
-def test_a_dead_worker_is_removed_and_replaced_and_nothing_is_lost() -> None:
-    async def main():
-        clock = LoopClock()
-        ctl, eng, sessions = _controller(clock, _cfg(), turns=4)
-        await ctl.start()
-        await clock.sleep(20.0)
-        victim = sorted(_serving(ctl))[0]
-        await eng.stop(victim)  # the server dies behind the runtime's back
-        batch = await ctl.take_batch()
-        await _expansion_settled(ctl)  # the replacement (a colocated pool can finish the batch first)
-        await ctl.elastic.idle()
-        st = ctl.state_dict()
-        hist = ctl.history(1000)
-        await ctl.stop()
-        return victim, batch, st, hist, sessions
-
-    victim, batch, st, hist, sessions = run_virtual(main())
-    assert any(h["kind"] == "worker_failed" and h["worker"] == victim for h in hist)
-    assert victim not in {w["worker_id"] for w in st["workers"]}
-    gpu = victim.split("-")[1]
-    assert any(w["gpus"] == [gpu] for w in st["workers"])  # a new worker was started on its GPU
-    assert len(batch) == 8
-    for rec in batch:
-        assert rec.response_tokens == 4 * 300
-        assert [len(r) for r in sessions[rec.traj_id].seen] == [300] * 4
-
-
-def test_expansion_gate_charges_only_the_serving_workers_the_admission_re_plans() -> None:
-    """A colocated growth re-plans no serving worker: the gate's cost is 0. A growth whose target
-    re-roles the two serving colocated workers (forced here to 2P2D at 4 workers) costs the
-    finalisation EMA times the re-planned share k / n = 2 / 2 (``pearl.core.gate``)."""
-
-    async def run(overrides):
-        clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg(**{"cluster.training_gpus": 0, "policy.gate_enabled": True,
-                                                  "policy.allocation_overrides": overrides}))
-        await ctl.start()
-        c_f = ctl.elastic.costs.expansion_final_s
-        await ctl.submit(_grant(["p0", "p1"], "g"))
-        grp = await _expansion_settled(ctl)
-        roles = sorted(w["role"] for w in ctl.state_dict()["workers"] if w["status"] == "active")
-        gate = [g for g in ctl.elastic.gate_log if g["kind"] == "expansion"]
-        await ctl.stop()
-        return c_f, grp, roles, gate
-
-    c_f, grp, roles, gate = run_virtual(run({2: "coloc", 4: "coloc"}))
-    assert grp.status.value == "admitted" and roles == ["colocated"] * 4
-    assert len(gate) == 1 and gate[0]["admit"] and gate[0]["cost_s"] == 0.0
-
-    c_f, grp, roles, gate = run_virtual(run({2: "coloc", 4: "2P2D"}))
-    assert roles == ["decode", "decode", "prefill", "prefill"]
-    assert len(gate) == 1 and gate[0]["cost_s"] == round(c_f, 3) and c_f > 0
-    assert "100% of the serving workers re-planned" in gate[0]["reason"]
+    first, second = run_virtual(main())
+    assert first == pytest.approx(1800.0 + 0.3 * (100.0 - 1800.0))  # EMA of the observed lifetime
+    assert second == first  # a GPU's lifetime is observed once
 
 
 def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
     """At a batch boundary the trainer takes the lent GPUs back at once: a switch on the pool
-    that includes them cannot pay back and is held (``gate.switch_gate``). Without lent GPUs the
-    budget holds and the same wish is carried out. The engine is steered here (colocation until
-    the test asks, then a split predicted 20 % faster) so that the test does not depend on the
-    profiles."""
-    from dataclasses import replace
+    that includes them cannot pay back and is held (``outlook.hold_switch``, ``gate.switch_gate``).
+    Without lent GPUs the budget holds and the same wish is carried out. The decision is steered
+    here (colocation until the test asks, then a split predicted 20 % faster) so that the test
+    does not depend on the profiles."""
+    want = {"split": False}
 
-    from pearl.core.decision import Allocation, Mode
-
-    async def main():
-        clock = LoopClock()
-        ctl, _eng, _ = _controller(clock, _cfg(**{"policy.gate_enabled": True}))
-        el = ctl.elastic
-        orig = el.decide
-        want = {"split": False}
-
-        def steer(n, current):
-            d = orig(n, current)
+    class Steered(Decider):
+        def decide(self, n: int, current: Allocation | None) -> Decision:
+            d = Decider.decide(self, n, current)
             co = d.table.candidate(0)
             if not want["split"]:
                 return replace(d, target=co.allocation, predicted_makespan_s=co.makespan_s,
@@ -368,27 +286,36 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
             return replace(d, target=split, switched=True, forced=False, predicted_makespan_s=co.makespan_s / 1.2,
                            reason="test: a split 20 % faster")
 
-        el.decide = steer
-        await ctl.start()
+    async def main():
+        clock = LoopClock()
+        el, r = _scheduler(clock, _cfg(**{"policy.gate_enabled": True}))
+        el.decider = lambda: Steered(el.cfg.workload.batch_size, el.tracker.hardware, el.tracker.workload,
+                                     el.policy)
+        await _started(el)
+        batch = asyncio.ensure_future(r.pipeline.run_batch(0))  # a batch in flight: the borrow pays
         await clock.sleep(30.0)
-        await ctl.notify(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"))  # lends o-t0, o-t1
+        await el.submit(TrainingFinished(1, 0, expected_idle_s=600.0, event_id="tf1"), wait=True)  # lends t0, t1
         n_lent = el.slots(el.budget())
-        hold = (el._hold_s(n_lent, True, 100.0), el.costs.deactivation_s)
+        hold = (hold_s(el.outlook(), n_lent, True, 100.0), el.costs.deactivation_s)
         want["split"] = True
-        await el.replan("batch boundary with lent GPUs", batch_boundary=True)
-        held = (el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
+        out = await el.replan("batch boundary with lent GPUs", batch_boundary=True)
+        held = (out, el.allocation, dict(el.reconfigurations), [g for g in el.gate_log if g["kind"] == "switch"])
         want["split"] = False
-        await ctl.notify(TrainingStarted(2, event_id="ts2"))  # the lent GPUs go back
+        await el.submit(TrainingStarted(2, event_id="ts2"), wait=True)  # the lent GPUs go back
         want["split"] = True
-        await el.replan("no lent GPUs")
-        after = (el.allocation, [g for g in el.gate_log if g["kind"] == "switch"])
-        await ctl.stop()
+        free = await el.replan("no lent GPUs")
+        after = (free, el.allocation, [g for g in el.gate_log if g["kind"] == "switch"])
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        await el.close()
         return n_lent, hold, held, after
 
-    n_lent, (hold, c_d), (alloc, reconf, gates), (alloc2, gates2) = run_virtual(main())
+    n_lent, (hold, c_d), (out, alloc, reconf, gates), (free, alloc2, gates2) = run_virtual(main())
     assert n_lent == 4 and hold == c_d
+    assert out.switch is not None and out.switch.held and out.decision is out.switch.decision
     assert alloc == Allocation.colocated(4) and "mode_switch" not in reconf
     (g,) = gates
     assert not g["admit"] and g["outcome"] == "window_too_short" and g["from"] == "coloc" and g["to"] == "2P2D"
     # no shrink known: no gate entry, the switch is made
+    assert free.switch is not None and free.switch.gate is None
     assert alloc2 == Allocation.disaggregated(1, 1) and gates2 == gates

@@ -10,13 +10,13 @@ from pearl.core.trajectory import TrajectoryStatus
 from pearl.engines.base import ServerSpec
 from pearl.runtime.agent import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
-from pearl.runtime.pipeline import PipelineScheduler, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
 from pearl.runtime.tracker import RuntimeTracker
 
 from .helpers import ScriptedSession, config, engine
 
 
-def _pipeline(clock, eng, sessions, batch=4, group=2, staleness=1, max_batches=None, **kw):
+def _pipeline(clock, eng, sessions, batch=4, group=2, staleness=1, max_batches=None, hooks=None, resume=None, **kw):
     cfg = config()
     tracker = RuntimeTracker(HardwareProfile.from_specs(cfg.model, cfg.hardware), WorkloadProfile.from_spec(cfg.workload))
 
@@ -26,7 +26,8 @@ def _pipeline(clock, eng, sessions, batch=4, group=2, staleness=1, max_batches=N
         return s
 
     return PipelineScheduler(eng, clock, tracker, factory, batch_size=batch, group_size=group,
-                             max_staleness=staleness, max_trajectory_tokens=32768, max_batches=max_batches)
+                             max_staleness=staleness, max_trajectory_tokens=32768, max_batches=max_batches,
+                             hooks=hooks, resume=resume)
 
 
 def _check_record(rec, session: ScriptedSession) -> None:
@@ -211,6 +212,56 @@ def test_interrupted_requests_resume_elsewhere_with_exact_tokens() -> None:
         turn_segs = [s for s in r.segments if s.trained and s.turn == 1]
         assert len(turn_segs) == 2 and 0 < len(turn_segs[0].token_ids) < 400
         assert sum(len(s.token_ids) for s in turn_segs) == 400
+
+
+def test_hooks_hear_each_batch_start_completion_and_end_in_order() -> None:
+    async def main():
+        clock = LoopClock()
+        eng = engine(clock)
+        heard: list[tuple[str, object]] = []
+
+        async def done(r, records):
+            heard.append(("done", (r, len(records))))
+
+        hooks = PipelineHooks(batch_started=lambda r: heard.append(("start", r)), batch_done=done,
+                              trajectory_done=lambda rec: heard.append(("traj", rec.traj_id)))
+        pipe = _pipeline(clock, eng, {}, staleness=5, max_batches=2, hooks=hooks, turns=1)
+        await eng.launch(ServerSpec("w0", ("w0",), Role.COLOCATED, ""))
+        pipe.admit("w0", Role.COLOCATED, 0)
+        await pipe.run()
+        await eng.close()
+        return heard
+
+    heard = run_virtual(main())
+    assert [k for k, _ in heard] == ["start", "traj", "traj", "traj", "traj", "done"] * 2
+    assert [v for k, v in heard if k != "traj"] == [0, (0, 4), 1, (1, 4)]
+    assert sorted(v for k, v in heard[:6] if k == "traj") == ["b0-g0-s0", "b0-g0-s1", "b0-g1-s0", "b0-g1-s1"]
+
+
+def test_a_resumed_pipeline_skips_consumed_batches_and_hands_on_completed_trajectories() -> None:
+    from pearl.core.trajectory import TrajectoryRecord
+
+    kept = TrajectoryRecord("b1-g0-s0", "b1-g0", (), 0.5, TrajectoryStatus.COMPLETED)
+
+    async def main():
+        clock = LoopClock()
+        eng = engine(clock)
+        sessions: dict[str, ScriptedSession] = {}
+        generated: list[str] = []
+        pipe = _pipeline(clock, eng, sessions, staleness=5, max_batches=2, turns=1,
+                         hooks=PipelineHooks(trajectory_done=lambda rec: generated.append(rec.traj_id)),
+                         resume=Resume({kept.traj_id: kept}, first_batch=1))
+        await eng.launch(ServerSpec("w0", ("w0",), Role.COLOCATED, ""))
+        pipe.admit("w0", Role.COLOCATED, 0)
+        await pipe.run()
+        await eng.close()
+        return pipe, await pipe.next_batch(), sessions, generated
+
+    pipe, batch, sessions, generated = run_virtual(main())
+    assert pipe.first_batch == 1 and pipe.stats.rollout_step == 2 and len(pipe.stats.batch_makespans) == 1
+    assert [r.traj_id for r in batch] == ["b1-g0-s0", "b1-g0-s1", "b1-g1-s0", "b1-g1-s1"]
+    assert batch[0] is kept and kept.traj_id not in sessions  # handed on, never generated again
+    assert sorted(generated) == ["b1-g0-s1", "b1-g1-s0", "b1-g1-s1"]
 
 
 def test_bounded_staleness_gates_admission_and_versions_are_recorded() -> None:
