@@ -252,7 +252,7 @@ def _cfg(batch: int, env_mean_s: float | None = None, stream: bool = False):
 async def _one_batch(cfg, engine, clock, batches: int = 1) -> tuple[float, float, int, float]:
     """Run ``batches`` rollout batches; (wall s, process CPU s, requests, clock s of the batches)."""
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     c = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload, clock), clock=clock, max_batches=batches)
     await c.start()
@@ -284,7 +284,7 @@ def _window(cfg, seconds: float, virtual: bool) -> tuple[int, float, float]:
     from pearl.reliability.load import InstantEngine
     from pearl.runtime.clock import LoopClock, run_virtual
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     async def go() -> tuple[int, float, float]:
         clock = LoopClock()

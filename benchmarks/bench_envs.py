@@ -77,10 +77,10 @@ async def bench_session() -> None:
     if not (model / "tokenizer.json").is_file():
         print(f"session: skipped, no tokenizer at {model} (python -m pearl.models build)")
         return
+    from envs.env_session import EnvSession, SessionLimits
     from envs.factory import load_tokenizer
-    from envs.session import EnvSession, SessionLimits
     from envs.tiny import TinyEnv, TinyTask
-    from pearl.runtime.agent import TurnInput
+    from pearl.core.session import TurnInput
 
     tok = load_tokenizer(model)
     turns = 64

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from pearl.config import RunConfig, load_config
 from pearl.core.events import GpusGranted, GrantedGpu, ReclaimNotice
+from pearl.core.session import EpisodeEnd, SessionSpec, TurnInput
 from pearl.engines.emulated import EmulatedEngine
-from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
 from pearl.runtime.clock import Clock, LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 

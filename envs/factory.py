@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from envs.base import Env
+from envs.env_session import ChatTokenizer, EnvSession, SessionLimits
 from envs.repofix import RepoFixConfig, RepoFixEnv, generate_tasks
 from envs.sandbox import SandboxLimits
-from envs.session import ChatTokenizer, EnvSession, SessionLimits
 from envs.swebench import ImageNaming, SWEBenchConfig, SWEBenchEnv, load_instances
 from envs.swebench.docker import DockerCLI, DockerConfig
 from envs.tiny import TinyEnv, make_tiny_tasks
 from pearl.config import EnvSpec, RunConfig
-from pearl.runtime.agent import SessionSpec
+from pearl.core.session import SessionSpec
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ _PLUGINS: tuple[tuple[str, str], ...] = (
     ("pearl.sim.cli", "add_experiments_parser"),
     ("pearl.serve", "add_serve_parser"),
     ("pearl.run", "add_run_parser"),
-    ("pearl.chaos", "add_chaos_parser"),
-    ("pearl.chaos", "add_reliability_parser"),
+    ("pearl.reliability.cli", "add_chaos_parser"),
+    ("pearl.reliability.cli", "add_reliability_parser"),
 )
 
 

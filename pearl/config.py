@@ -371,7 +371,7 @@ class AdminSpec(_Strict):
     max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
     submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
     agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
-    # Rank 0's agent watcher (pearl/runtime/agent_watch.py)
+    # Rank 0's agent watcher (pearl/runtime/node/watch.py)
     agent_health_period_s: float = Field(default=5.0, gt=0, description="seconds between two health polls of each agent")
     agent_health_timeout_s: float = Field(default=5.0, gt=0, description="a health poll not answered in time is a miss")
     agent_health_misses: int = Field(default=3, ge=1, description="consecutive misses after which a node is lost")

@@ -1,10 +1,10 @@
 """``torchrun --nnodes N --nproc-per-node 1 ... pearl/main.py --config C``: one PEARL process per node.
 
-Every rank (one asyncio process on uvloop) hosts a **node agent** (``pearl.runtime.node_agent``)
+Every rank (one asyncio process on uvloop) hosts a **node agent** (``pearl.runtime.node.agent``)
 that launches and stops this node's engine servers and trainer ranks on the controller's command
 and reports their health. **Rank 0** also hosts the controller, the admin API and the observer
 (``pearl.serve.Service``) with a ``RemoteEngine`` over all agents, and the ``AgentWatcher``
-(``pearl.runtime.agent_watch``) that polls every agent's health and treats a lost node like a
+(``pearl.runtime.node.watch``) that polls every agent's health and treats a lost node like a
 reclaim.
 
 Engines (``engine.kind``): ``emulated`` runs synthetic sessions and the emulated trainer; ``vllm``
@@ -63,12 +63,12 @@ if __package__ in (None, ""):  # run as a script by torchrun: make `pearl` impor
 
 import aiohttp
 
-from pearl.admin.security import is_loopback
+from pearl.access import is_loopback
 from pearl.config import RunConfig, load_config
 from pearl.core.state import ClusterState, Gpu, Zone
 from pearl.obs.logs import setup_logging
 from pearl.runtime.clock import Clock
-from pearl.runtime.node_agent import AgentClient, NodeAgent, RemoteEngine
+from pearl.runtime.node.agent import AgentClient, NodeAgent, RemoteEngine
 
 log = logging.getLogger("pearl.main")
 
@@ -233,7 +233,7 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
 
 async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: str, clock: Clock,
                           stop: asyncio.Event, args: argparse.Namespace) -> int:
-    from pearl.runtime.agent_watch import AgentWatcher, node_lost_handler
+    from pearl.runtime.node.watch import AgentWatcher, node_lost_handler
     from pearl.serve import Service
 
     urls = {}
@@ -304,7 +304,7 @@ def _agent_trainer(cfg: RunConfig, state: ClusterState, clients: dict[str, Agent
         return None
     from urllib.parse import urlparse
 
-    from pearl.runtime.agent_trainer import AgentTrainerClient, trainer_placement
+    from pearl.runtime.node.trainer_client import AgentTrainerClient, trainer_placement
     from pearl.runtime.train_loop import lends_training_gpus
 
     nodes = [f"node{r}" for r in range(world_size)]

@@ -177,8 +177,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     from pearl.engines.devicemap import DeviceMappedEngine
     from pearl.obs.observer import RunObserver
     from pearl.runtime.controller import Controller
-    from pearl.runtime.weights import WeightRegistry
     from pearl.train.client import TrainerClient
+    from pearl.train.snapshot import WeightRegistry
 
     times = RunTimes()
     if cfg.engine.kind == "emulated":

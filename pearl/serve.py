@@ -52,8 +52,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pearl.access import AdminSecurityError
 from pearl.admin.app import AdminServer, NodesProvider
-from pearl.admin.security import AdminSecurityError
 from pearl.config import RunConfig, load_config
 from pearl.core.state import ClusterState
 from pearl.core.trajectory import TrajectoryRecord
@@ -64,9 +64,9 @@ from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.controller import Controller
 from pearl.runtime.journal import Journal
 from pearl.runtime.train_loop import ResumeError, StepRecord, lends_training_gpus, resume_point, train_loop
-from pearl.runtime.weights import SnapshotRef
-from pearl.sim.agents import SyntheticSessionFactory
-from pearl.sim.trainer import EmulatedTrainer
+from pearl.sim.emulated_trainer import EmulatedTrainer
+from pearl.sim.sessions import SyntheticSessionFactory
+from pearl.train.snapshot import SnapshotRef
 
 log = logging.getLogger("pearl.serve")
 
@@ -83,8 +83,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
                      journal: Journal | None = None) -> tuple[Controller, EmulatedTrainer]:
     """The real controller over ``engine`` with its agent sessions and trainer.
 
-    Emulated engine: synthetic SWE-like sessions (``pearl.sim.agents``) and the emulated trainer
-    (``pearl.sim.trainer``: ``train.step_time_s`` per step, it tells the controller when training
+    Emulated engine: synthetic SWE-like sessions (``pearl.sim.sessions``) and the emulated trainer
+    (``pearl.sim.emulated_trainer``: ``train.step_time_s`` per step, it tells the controller when training
     starts and finishes). Real engines need real environments and the real trainer: ``pearl run``.
     With a ``journal`` (``pearl.runtime.journal``) completed trajectories, partial outputs of aborted
     requests and the GPU table are durable, and a restart on the same journal resumes from them.
@@ -210,7 +210,7 @@ class Service:
         """Controller and trainer of a real-engine run (as ``pearl run``); returns the weight registry."""
         from envs.factory import build_suite, load_tokenizer, make_session_factory
         from pearl.run import _resolve_model_path  # builds the local demo models when missing
-        from pearl.runtime.weights import WeightRegistry
+        from pearl.train.snapshot import WeightRegistry
 
         assert self.engine is not None
         model_path = _resolve_model_path(self.cfg)

@@ -35,11 +35,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 from pydantic import BaseModel, ValidationError
 
-from pearl.admin import cloud
-from pearl.admin import schemas as s
-from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
-from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
-from pearl.admin.security import (
+from pearl.access import (
     IdempotencyLedger,
     RateLimiter,
     check_listen,
@@ -47,6 +43,10 @@ from pearl.admin.security import (
     resolve_token,
     token_matches,
 )
+from pearl.admin import cloud
+from pearl.admin import schemas as s
+from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
+from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
 from pearl.config import AdminSpec
 from pearl.core.events import (
     ElasticEvent,

@@ -33,7 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import aiohttp
 
 from pearl.engines.base import EngineDeadError, EngineError
-from pearl.engines.vllm_server import ChildServer, race_death
+from pearl.engines.child_server import ChildServer, race_death
 
 # idle pooled connections are dropped before uvicorn closes them (its keep-alive is 5 s); a
 # request written into a connection the server is closing fails with "closing transport"

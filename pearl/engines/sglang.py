@@ -54,9 +54,9 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
+from pearl.engines.child_server import ChildServer
 from pearl.engines.http_engine import HttpEngine, StreamState
 from pearl.engines.vllm_broadcast import free_port
-from pearl.engines.vllm_server import ChildServer
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0
@@ -359,7 +359,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, Any] | None:
         """The prefill half, for a decode server on another node (the node agents run the halves of
-        a cross-node pair, ``pearl.runtime.node_agent``). SGLang's PD protocol sends both halves at
+        a cross-node pair, ``pearl.runtime.node.agent``). SGLang's PD protocol sends both halves at
         once and the decode server pulls the KV from the prefill server by bootstrap room, so this
         half starts the prefill request in the background and returns the coordinates at once: the
         handle ``{bootstrap_host, bootstrap_port, bootstrap_room}`` for ``pd_decode``. The

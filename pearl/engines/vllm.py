@@ -54,9 +54,9 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
+from pearl.engines.child_server import SERVED_MODEL_NAME, VllmServer, VllmSettings, race_death
 from pearl.engines.http_engine import HttpEngine, StreamState
 from pearl.engines.vllm_broadcast import GlooBroadcaster, bucketize
-from pearl.engines.vllm_server import SERVED_MODEL_NAME, VllmServer, VllmSettings, race_death
 
 KvMode = Literal["per_role", "both"]
 CONTROL_TIMEOUT_S = 120.0
@@ -326,7 +326,7 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
     async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, Any] | None:
         """The prefill half of ``generate_pd``: ``{"kv_transfer_params", "prefill_s"}`` for
         ``pd_decode`` on any decode server that reaches this one over NIXL (another node's too: the
-        node agents run the halves of a cross-node pair, ``pearl.runtime.node_agent``), or None if
+        node agents run the halves of a cross-node pair, ``pearl.runtime.node.agent``), or None if
         the prefill was aborted (nothing generated). Errors carry no partial (the caller's pair
         knows the decode side)."""
         p = self._alive(prefill_id)

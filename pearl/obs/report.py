@@ -1,6 +1,6 @@
 """The end-of-run report of a live run: ``report.md`` + ``gpu-roles.png`` + ``throughput.png``.
 
-Reuses the simulator's plotting (``pearl.sim.report``: the same GPU-role colours and throughput
+Reuses the simulator's plotting (``pearl.sim.replay_report``: the same GPU-role colours and throughput
 definition), so a live run and a replay are read the same way. Inputs come from a ``RunRecord``
 (``pearl.obs.observer``).
 
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pearl.admin.security import redact
-from pearl.sim.report import markdown_table, plot_timeline, throughput_curve
+from pearl.access import redact
+from pearl.sim.replay_report import markdown_table, plot_timeline, throughput_curve
 
 if TYPE_CHECKING:
     from pearl.obs.observer import RunRecord

@@ -113,7 +113,7 @@ class _Driver:
 
     def __init__(self, cfg: RunConfig, seed: int, phase_wait_s: float) -> None:
         from pearl.runtime.controller import Controller
-        from pearl.sim.agents import SyntheticSessionFactory
+        from pearl.sim.sessions import SyntheticSessionFactory
 
         self.cfg = cfg
         self.rng = random.Random(f"pearl-chaos/{seed}")
@@ -362,7 +362,7 @@ class _Driver:
 # ---------------------------------------------------------------------------------- the run
 async def _run(cfg: RunConfig, seed: int, events: int, mean_gap_s: float, quiet_batches: int,
                phase_wait_s: float, progress: Callable[[int], None] | None) -> ChaosResult:
-    from pearl.sim.trainer import EmulatedTrainer
+    from pearl.sim.emulated_trainer import EmulatedTrainer
 
     d = _Driver(cfg, seed, phase_wait_s)
     ctrl, clock, checker = d.ctrl, d.clock, d.checker

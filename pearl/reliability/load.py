@@ -129,7 +129,7 @@ class LoadResult:
 async def _run(cfg: RunConfig, engine_kind: str) -> dict[str, Any]:
     from pearl.engines.emulated import EmulatedEngine
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     clock = LoopClock()
     engine: Any = EmulatedEngine.from_config(cfg, clock) if engine_kind == "emulated" else InstantEngine()

@@ -49,8 +49,8 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, start_
                on_batch: Any) -> dict[str, Any]:
     from pearl.engines.emulated import EmulatedEngine
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
-    from pearl.sim.trainer import EmulatedTrainer
+    from pearl.sim.emulated_trainer import EmulatedTrainer
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     clock = LoopClock()
     journal = Journal(journal_path)

@@ -99,7 +99,7 @@ async def _probe(fuzz_per_route: int, seed: int) -> SecurityReport:
     from pearl.reliability.load import InstantEngine
     from pearl.runtime.clock import LoopClock
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     cfg = probe_config(seed)
     rep = SecurityReport(routes=len(ROUTES))

@@ -25,7 +25,7 @@ Trainer integration, two ways:
 
 * ``trainer=TrainerHook``: the Controller runs the loop ``take_batch -> notify(TrainingStarted)
   -> train_step -> publish -> notify(TrainingFinished)`` itself;
-* external trainer (e.g. ``pearl.sim.trainer.EmulatedTrainer``): it calls ``take_batch``,
+* external trainer (e.g. ``pearl.sim.emulated_trainer.EmulatedTrainer``): it calls ``take_batch``,
   ``notify`` (waits until handled: ``TrainingStarted`` returns once borrowed GPUs are back) and
   ``publish``.
 
@@ -55,10 +55,10 @@ from typing import Any, Protocol
 from pearl.config import RunConfig
 from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, TrainingStarted
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.session import SessionFactory
 from pearl.core.state import ClusterState, Gpu, Zone
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
-from pearl.runtime.agent import SessionFactory
 from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
 from pearl.runtime.elastic import ElasticScheduler
@@ -69,7 +69,7 @@ from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Rou
 from pearl.runtime.rebuilder import ClusterRebuilder
 from pearl.runtime.toggle import ToggleManager
 from pearl.runtime.tracker import RuntimeTracker
-from pearl.runtime.weights import WeightRegistry
+from pearl.train.snapshot import WeightRegistry
 
 
 class TrainerHook(Protocol):

@@ -66,6 +66,7 @@ from typing import overload
 
 from pearl.core.affinity import effective_slack, move_gain_s, turn_cost, typical_turn
 from pearl.core.profile import HardwareProfile, TelemetryRecord, WorkloadProfile
+from pearl.core.session import AgentSession, EpisodeEnd, SessionFactory, SessionSpec, TurnInput
 from pearl.core.state import Role
 from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus, check_trajectory_transition
 from pearl.engines.base import (
@@ -79,7 +80,6 @@ from pearl.engines.base import (
     SamplingParams,
 )
 from pearl.engines.resume import continuation_request, generated_tokens, merge_parts
-from pearl.runtime.agent import AgentSession, EpisodeEnd, SessionFactory, SessionSpec, TurnInput
 from pearl.runtime.clock import Clock
 from pearl.runtime.tracker import RuntimeTracker
 

@@ -15,7 +15,7 @@ One iteration (one training step)::
     on_step(StepRecord)                                    progress line, timings
 
 ``trainer`` is any object with ``version`` and ``train_step(records) -> TrainResult``
-(``pearl.train.client.TrainerClient`` with local ranks, ``pearl.runtime.agent_trainer.AgentTrainerClient``
+(``pearl.train.client.TrainerClient`` with local ranks, ``pearl.runtime.node.trainer_client.AgentTrainerClient``
 with ranks run by node agents). The loop ends after ``steps`` steps (``None``: until cancelled);
 ``records`` is the caller's list, appended to as steps complete, so a cancelled loop (SIGTERM on the
 service) loses none of the steps it finished. Times are read from the injected ``now``.
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pearl.core.trajectory import TrajectoryRecord
-from pearl.runtime.weights import META_FILE, WEIGHTS_FILE, SnapshotRef
+from pearl.train.snapshot import META_FILE, WEIGHTS_FILE, SnapshotRef
 
 log = logging.getLogger("pearl.train_loop")
 

@@ -48,7 +48,7 @@ import matplotlib.pyplot as plt
 
 from pearl.config import CONFIG_DIR, RunConfig, load_config
 from pearl.sim.presets import preset_overrides
-from pearl.sim.report import markdown_table
+from pearl.sim.replay_report import markdown_table
 from pearl.sim.systems import ABLATION, SYSTEMS
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 

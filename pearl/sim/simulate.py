@@ -77,12 +77,12 @@ from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
-from pearl.sim.agents import SyntheticSessionFactory
+from pearl.sim.emulated_trainer import EmulatedTrainer
 from pearl.sim.metrics import Sampler, cost_usd
 from pearl.sim.oracle import OraclePlan, budget_intervals, oracle_events, plan_allocations, reachable_budgets
+from pearl.sim.sessions import SyntheticSessionFactory
 from pearl.sim.systems import SystemSpec, apply_system
 from pearl.sim.traces import DEFAULT_NOTICE_S, GpuTimeline, TimedEvent, trace_events
-from pearl.sim.trainer import EmulatedTrainer
 
 
 class SimulationError(RuntimeError):
@@ -517,7 +517,7 @@ def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int 
 
 # ------------------------------------------------------------------------------ CLI
 def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
-    from pearl.sim.report import write_report
+    from pearl.sim.replay_report import write_report
     from pearl.sim.systems import parse_systems
     from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
 
@@ -551,7 +551,7 @@ def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
                                 trace_label=label, progress=cb)
     out = Path(args.out or f"runs/simulate/{cfg.name}-{Path(args.trace).stem}-{start_h:.2f}h")
     md = write_report(result, out)
-    from pearl.sim.report import markdown_table, summary_rows
+    from pearl.sim.replay_report import markdown_table, summary_rows
 
     print(markdown_table(["system", "traj/h", "vs roll", "rollout steps", "train steps", "GPU-h", "$/1k traj",
                           "reconfigs", "makespan err"], summary_rows(result["systems"])))

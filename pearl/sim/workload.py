@@ -2,7 +2,7 @@
 
 Role: a pure, seeded generator of ``TrajectoryPlan`` s (``WorkloadModel``). The agent sessions that
 play a plan against the runtime (prompt -> response -> env step sleeping on the clock -> next
-prompt) live in ``pearl/sim/agents.py``; nothing here waits or reads a clock.
+prompt) live in ``pearl/sim/sessions.py``; nothing here waits or reads a clock.
 
 Public names: ``TurnPlan``, ``TrajectoryPlan``, ``WorkloadModel``, ``sample``.
 

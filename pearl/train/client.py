@@ -50,10 +50,10 @@ from pearl.config import TrainSpec
 from pearl.core.events import TrainingFinished, TrainingStarted
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.procutil import die_with_parent
-from pearl.runtime.weights import SnapshotRef
 from pearl.train.batch import FilterReport, filter_records, make_samples, shard_samples
 from pearl.train.broadcast import Layout
 from pearl.train.grpo import global_denominator
+from pearl.train.snapshot import SnapshotRef
 
 TrainingEvent = TrainingStarted | TrainingFinished
 EventSink = Callable[[TrainingEvent], Awaitable[None]]

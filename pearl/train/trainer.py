@@ -32,7 +32,7 @@ micro-batch, and ranks pad to the same number of micro-batches (zero-loss dummie
 denominator (``pearl.train.grpo``), so summed gradients equal the single-process gradient.
 
 After every update rank 0 writes a weight snapshot ``v<step>`` for the engines
-(``pearl.runtime.weights.write_snapshot``, ``TrainSpec.snapshot_dtype``) and a checkpoint
+(``pearl.train.snapshot.write_snapshot``, ``TrainSpec.snapshot_dtype``) and a checkpoint
 ``checkpoints/step-<n>/trainer.pt`` (model, optimizer, step, RNG) to resume from; version == step
 (version 0 is the base model folder). Checkpoints are written to a temporary folder and renamed,
 so a crash never leaves a half checkpoint that ``latest_checkpoint`` would pick.
@@ -376,7 +376,7 @@ class TrainerRank:
         return self.model.state_dict(), self.optimizer.state_dict()
 
     def _publish(self, step: int) -> dict[str, Any]:
-        from pearl.runtime.weights import write_snapshot
+        from pearl.train.snapshot import write_snapshot
 
         t0 = time.perf_counter()
         model_sd, optim_sd = self._full_state()

@@ -12,11 +12,11 @@ import pytest
 from pearl.core.events import ReclaimNotice
 from pearl.core.state import ClusterState, Gpu, Role, Zone
 from pearl.engines.base import EngineDeadError, EngineStartError, GenerateRequest, SamplingParams, ServerSpec
-from pearl.runtime.agent_trainer import RankPlacement, trainer_placement
-from pearl.runtime.agent_watch import AgentWatcher, NodeHealth, node_lost_handler
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.control import SubmitResult
-from pearl.runtime.node_agent import RemoteEngine
+from pearl.runtime.node.agent import RemoteEngine
+from pearl.runtime.node.trainer_client import RankPlacement, trainer_placement
+from pearl.runtime.node.watch import AgentWatcher, NodeHealth, node_lost_handler
 
 
 class Node:
@@ -197,7 +197,7 @@ async def test_agent_trainer_client_resumes_every_rank_from_the_checkpoint(tmp_p
     """``AgentTrainerClient(resume=True)`` starts each rank with ``--resume`` and takes the step the
     ranks report (a fake agent answers as ``pearl.train.trainer`` does after loading checkpoint 3)."""
     from pearl.config import TrainSpec
-    from pearl.runtime.agent_trainer import AgentTrainerClient
+    from pearl.runtime.node.trainer_client import AgentTrainerClient
 
     class Agent:
         def __init__(self) -> None:

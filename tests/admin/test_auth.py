@@ -8,10 +8,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from pearl.access import AdminSecurityError, check_listen, is_loopback, resolve_token, token_matches
 from pearl.admin.app import AdminServer
 from pearl.admin.local import StateControlPlane
 from pearl.admin.openapi import ROUTES
-from pearl.admin.security import AdminSecurityError, check_listen, is_loopback, resolve_token, token_matches
 from pearl.config import AdminSpec
 from tests.admin.conftest import AUTH, TOKEN, ManualClock
 

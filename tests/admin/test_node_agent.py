@@ -21,8 +21,8 @@ from pearl.engines.base import (
     ServerSpec,
 )
 from pearl.engines.emulated import EmulatedEngine
-from pearl.runtime import node_agent as na
 from pearl.runtime.clock import LoopClock
+from pearl.runtime.node import agent as na
 
 TOKEN = "agent-token-0123456789abcdef"
 FAST = EmulatorSpec(launch_s=(0.01, 0.01), admission_s=(0.01, 0.01), activation_s=(0.01, 0.01),

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from pearl.access import IdempotencyLedger, RateLimiter
 from pearl.admin import cloud
 from pearl.admin.schemas import AwsSpotInterruptionIn, InstanceActionIn
-from pearl.admin.security import IdempotencyLedger, RateLimiter
 from tests.admin.conftest import ManualClock
 
 

@@ -37,7 +37,7 @@ OWNER = textwrap.dedent('''
     import asyncio, sys
     from pathlib import Path
     from pearl.engines.base import Role, ServerSpec
-    from pearl.engines.vllm_server import ChildServer
+    from pearl.engines.child_server import ChildServer
 
     class Fake(ChildServer):
         kind = "fake server"
@@ -114,7 +114,7 @@ def test_reaper_needs_its_arguments() -> None:
 
 async def test_a_normal_stop_ends_the_reaper_too(tmp_path: Path) -> None:
     from pearl.engines.base import Role, ServerSpec
-    from pearl.engines.vllm_server import ChildServer
+    from pearl.engines.child_server import ChildServer
 
     # this one exits on SIGTERM, as a server that has finished starting does
     (tmp_path / "server.py").write_text(SERVER.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", ""))

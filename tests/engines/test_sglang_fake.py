@@ -236,7 +236,7 @@ async def test_cross_node_pd_runs_each_half_through_its_nodes_agent(tmp_path: Pa
     a colocated request's. A handle whose room no prefill server holds is a ``KVTransferError``."""
     import aiohttp
 
-    from pearl.runtime import node_agent as na
+    from pearl.runtime.node import agent as na
 
     token = "agent-token-0123456789abcdef"
     engines = {f"node{r}": SglangEngine(tmp_path / f"n{r}", fake_settings()) for r in range(2)}

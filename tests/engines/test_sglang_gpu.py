@@ -22,7 +22,7 @@ from pearl.engines.base import FinishReason, GenerateRequest, SamplingParams, Se
 from pearl.engines.resume import continuation_request, generated_tokens
 from pearl.engines.sglang import SglangEngine, SglangSettings
 from pearl.models import ensure_models
-from pearl.runtime.weights import write_snapshot
+from pearl.train.snapshot import write_snapshot
 
 from .races import abort_mid_generation
 

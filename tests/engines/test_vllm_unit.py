@@ -12,9 +12,9 @@ import torch
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, EngineStartError, GenerateRequest, SamplingParams, ServerSpec
+from pearl.engines.child_server import VllmServer, VllmSettings, omp_bind
 from pearl.engines.vllm import VllmEngine, kv_role_for
 from pearl.engines.vllm_broadcast import GlooBroadcaster, bucketize
-from pearl.engines.vllm_server import VllmServer, VllmSettings, omp_bind
 from pearl.engines.vllm_worker_ext import PearlWorkerExtension
 
 
@@ -117,7 +117,7 @@ def test_lower_priority_renices_the_server_session() -> None:
     import sys
     from pathlib import Path
 
-    from pearl.engines.vllm_server import lower_priority
+    from pearl.engines.child_server import lower_priority
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:

@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 
 from envs.base import EnvUnavailableError, StepResult
+from envs.env_session import EnvSession, SessionLimits
 from envs.factory import EnvSuite, load_tokenizer, make_session_factory
 from envs.repofix import RepoFixEnv, RepoFixTask, generate_tasks
 from envs.repofix.mutate import revert_mutation
-from envs.session import EnvSession, SessionLimits
 from envs.swebench import SWEBenchEnv, load_instances
 from envs.swebench.docker import DockerCLI, DockerConfig
 from envs.tiny import TinyEnv, TinyTask
 from envs.toolcall import ToolCall, ToolSet, coding_tools
 from pearl.config import load_config
+from pearl.core.session import EpisodeEnd, SessionSpec, TurnInput
 from pearl.models import ensure_models
-from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
 from tests.conftest import LITE_DEV, MODELS_DIR
 
 

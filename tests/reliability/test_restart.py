@@ -56,7 +56,7 @@ def test_a_batch_is_consumed_only_once_its_update_is_durable(tmp_path: Path) -> 
     from pearl.runtime.clock import LoopClock, run_virtual
     from pearl.runtime.controller import Controller
     from pearl.runtime.journal import Journal
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     cfg = restart_config(0)
     path = tmp_path / "journal.db"

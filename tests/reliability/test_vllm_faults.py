@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from pearl.config import CONFIG_DIR, RunConfig, load_config
+from pearl.engines.child_server import VllmSettings
 from pearl.engines.devicemap import DeviceMappedEngine
 from pearl.engines.vllm import VllmEngine
-from pearl.engines.vllm_server import VllmSettings
 from pearl.reliability.faults import ChaosEngine
 from pearl.runtime.clock import LoopClock
 
@@ -100,7 +100,7 @@ async def _streaming_request(chaos: ChaosEngine, vllm: VllmEngine, wid: str, tim
 async def test_rollout_survives_real_vllm_faults(tmp_path: Path) -> None:
     from pearl.models import ensure_models
     from pearl.runtime.controller import Controller
-    from pearl.sim.agents import SyntheticSessionFactory
+    from pearl.sim.sessions import SyntheticSessionFactory
 
     tiny = ensure_models(names=("tiny-qwen3",))["tiny-qwen3"]
     cfg = _config(tiny)

@@ -7,10 +7,10 @@ from dataclasses import InitVar, dataclass, field
 
 from pearl.config import RunConfig, load_config
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.session import EpisodeEnd, SessionSpec, TurnInput
 from pearl.core.state import ClusterState, Role
 from pearl.engines.base import ServerSpec
 from pearl.engines.emulated import EmulatedEngine
-from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
 from pearl.runtime.clock import Clock
 from pearl.runtime.executor import PlanExecutor
 from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Router

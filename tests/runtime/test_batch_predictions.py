@@ -14,7 +14,7 @@ import math
 import pytest
 
 from pearl.core.outlook import pool_changes
-from pearl.runtime.agent import SessionSpec
+from pearl.core.session import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 
@@ -210,7 +210,7 @@ def test_weight_sync_pause_is_measured_and_only_a_trainer_brings_syncs() -> None
     """A sync that lands while a batch runs is timed (``Controller.publish`` ->
     ``ElasticScheduler.observe_weight_sync``, EMA ``CostModel.weight_sync_s``); a controller that
     never saw a training step adds no sync to its batch-start prediction."""
-    from pearl.sim.trainer import EmulatedTrainer
+    from pearl.sim.emulated_trainer import EmulatedTrainer
 
     async def main(with_trainer: bool):
         clock = LoopClock()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
+from pearl.core.session import SessionSpec
 from pearl.core.state import Zone
-from pearl.runtime.agent import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 

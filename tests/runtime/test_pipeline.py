@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.session import SessionSpec
 from pearl.core.state import Role
 from pearl.core.trajectory import TrajectoryStatus
 from pearl.engines.base import ServerSpec
-from pearl.runtime.agent import SessionSpec
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
 from pearl.runtime.tracker import RuntimeTracker

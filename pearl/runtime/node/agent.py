@@ -55,7 +55,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pearl.admin.security import is_loopback, token_matches
+from pearl.access import is_loopback, token_matches
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineDeadError,
@@ -69,7 +69,7 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
-from pearl.runtime.agent_wire import (  # re-exported: the wire format is part of this module's API
+from pearl.runtime.node.wire import (  # re-exported: the wire format is part of this module's API
     error_from_dict,
     error_to_dict,
     request_from_dict,
@@ -395,7 +395,7 @@ class RemoteEngine:
     once, and the decode server pulls the KV by room. Engines without the split (the emulated
     engine) answer ``KVTransferError``: keep their pairs on one node.
 
-    Lost nodes: ``mark_node_dead(node, reason)`` (called by ``pearl.runtime.agent_watch.AgentWatcher``
+    Lost nodes: ``mark_node_dead(node, reason)`` (called by ``pearl.runtime.node.watch.AgentWatcher``
     when an agent stops answering ``/health``) fails every in-flight call to that node at once with
     ``EngineDeadError`` and every later one too, so the pipeline resumes the turns elsewhere and
     the controller removes the workers; ``mark_node_alive`` undoes it when the agent answers again.

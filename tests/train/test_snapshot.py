@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pearl.runtime.weights import META_FILE, SnapshotError, SnapshotRef, WeightRegistry, write_snapshot
+from pearl.train.snapshot import META_FILE, SnapshotError, SnapshotRef, WeightRegistry, write_snapshot
 
 
 @pytest.fixture

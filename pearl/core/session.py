@@ -23,7 +23,7 @@ A session may raise any exception from ``start``/``step``: the trajectory is the
 ``failed`` (with the error text in ``info``) and the batch goes on without it. Sessions read time
 only through the clock they were given by their factory.
 
-Implementations: ``pearl.sim.agents`` (synthetic SWE-like sessions for the emulator) and
+Implementations: ``pearl.sim.sessions`` (synthetic SWE-like sessions for the emulator) and
 ``envs`` (real environments + tokenizer).
 """
 

@@ -9,7 +9,7 @@
 * ``pearl reliability [--out docs/RELIABILITY.md] [--seeds K] [--events N] [--fuzz-examples M]
   [--load-trajectories T]`` - regenerates ``docs/RELIABILITY.md`` from fresh runs: chaos over
   ``K`` seeds, controller kill -9 + restart recovery, parser fuzzing volume and crashes, the
-  10,000-trajectory load test (``pearl.reliability.report``). ``make reliability`` runs it.
+  10,000-trajectory load test (``pearl.reliability.summary``). ``make reliability`` runs it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def add_chaos_parser(sub: Any) -> None:
 
 
 def _reliability_cmd(args: argparse.Namespace) -> int:
-    from pearl.reliability.report import build_report
+    from pearl.reliability.summary import build_report
 
     _text, ok = build_report(seeds=args.seeds, events=args.events, fuzz_examples=args.fuzz_examples,
                             load_trajectories=args.load_trajectories, out=args.out,

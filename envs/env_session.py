@@ -1,4 +1,4 @@
-"""``EnvSession``: the agent-session protocol of ``pearl.runtime.agent`` over an ``Env`` and a tokenizer.
+"""``EnvSession``: the agent-session protocol of ``pearl.core.session`` over an ``Env`` and a tokenizer.
 
 The pipeline generates tokens; this adapter does everything else of an episode. Life cycle::
 
@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol
 
 from envs.base import Env, EnvError, StepResult
 from envs.toolcall import ToolCall, ToolCallError, parse_tool_call
-from pearl.runtime.agent import EpisodeEnd, TurnInput
+from pearl.core.session import EpisodeEnd, TurnInput
 
 _PLACEHOLDER = "\u2063PEARL-ASSISTANT-PLACEHOLDER\u2063"
 

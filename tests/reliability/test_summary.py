@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pearl.reliability.report import build_report
+from pearl.reliability.summary import build_report
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The node agent's wire format: ``ServerSpec``, ``GenerateRequest``, ``GenerateResult`` and engine
-errors to and from JSON (``pearl.runtime.node_agent``). Errors keep their type and partial output,
+errors to and from JSON (``pearl.runtime.node.agent``). Errors keep their type and partial output,
 so the controller's recovery logic sees over HTTP what it would see locally. Pure functions."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ import aiohttp
 
 from pearl.config import TrainSpec
 from pearl.core.state import ClusterState, Zone
-from pearl.runtime.node_agent import AgentClient
+from pearl.runtime.node.agent import AgentClient
 from pearl.train.client import EventSink, TrainerClient, TrainerError
 
 _START_TIMEOUT_S = 600.0

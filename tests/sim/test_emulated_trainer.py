@@ -6,7 +6,7 @@ import asyncio
 
 from pearl.core.events import TrainingFinished, TrainingStarted
 from pearl.runtime.clock import LoopClock, run_virtual
-from pearl.sim.trainer import EmulatedTrainer
+from pearl.sim.emulated_trainer import EmulatedTrainer
 
 
 def test_trainer_steps_and_events() -> None:

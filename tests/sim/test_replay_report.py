@@ -8,7 +8,7 @@ import pytest
 
 from pearl.config import PricesSpec
 from pearl.sim.metrics import GpuLedger, category_of, cost_usd
-from pearl.sim.report import throughput_curve, write_report
+from pearl.sim.replay_report import throughput_curve, write_report
 
 
 def state(workers: list[tuple[str, list[str], str, str]], gpus: list[tuple[str, str, bool]]) -> dict:

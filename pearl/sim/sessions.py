@@ -1,6 +1,6 @@
 """Synthetic SWE-like agent sessions: play a ``TrajectoryPlan`` against the Pipeline Scheduler.
 
-Implements ``pearl.runtime.agent.AgentSession``; ``SyntheticSessionFactory`` is the
+Implements ``pearl.core.session.AgentSession``; ``SyntheticSessionFactory`` is the
 ``SessionFactory`` a replay hands to the pipeline. Life cycle of one session::
 
     start()            -> TurnInput(initial prompt: prompt_tokens ids, max_new_tokens = r_1)
@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 
 from pearl.config import WorkloadSpec
-from pearl.runtime.agent import EpisodeEnd, SessionSpec, TurnInput
+from pearl.core.session import EpisodeEnd, SessionSpec, TurnInput
 from pearl.runtime.clock import Clock
 from pearl.sim.workload import TrajectoryPlan, WorkloadModel
 
