@@ -36,9 +36,9 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, SamplingParams, ServerSpec
-from pearl.engines.child_server import VllmSettings
 from pearl.engines.resume import continuation_request
 from pearl.engines.vllm import VllmEngine
+from pearl.engines.vllm_server import VllmSettings
 from pearl.models import ensure_models
 
 

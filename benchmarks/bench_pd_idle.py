@@ -22,8 +22,8 @@ import psutil
 
 from pearl.core.state import Role
 from pearl.engines.base import GenerateRequest, SamplingParams, ServerSpec
-from pearl.engines.child_server import VllmSettings
 from pearl.engines.vllm import VllmEngine
+from pearl.engines.vllm_server import VllmSettings
 from pearl.models import ensure_models
 
 

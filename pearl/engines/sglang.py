@@ -56,7 +56,7 @@ from pearl.engines.base import (
 )
 from pearl.engines.child_server import ChildServer
 from pearl.engines.http_engine import HttpEngine, StreamState
-from pearl.engines.vllm_broadcast import free_port
+from pearl.procutil import free_port
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0

@@ -54,9 +54,10 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
-from pearl.engines.child_server import SERVED_MODEL_NAME, VllmServer, VllmSettings, race_death
+from pearl.engines.child_server import race_death
 from pearl.engines.http_engine import HttpEngine, StreamState
 from pearl.engines.vllm_broadcast import GlooBroadcaster, bucketize
+from pearl.engines.vllm_server import SERVED_MODEL_NAME, VllmServer, VllmSettings
 
 KvMode = Literal["per_role", "both"]
 CONTROL_TIMEOUT_S = 120.0

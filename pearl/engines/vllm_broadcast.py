@@ -16,15 +16,10 @@ dtype, concatenated in layout order.
 from __future__ import annotations
 
 import datetime
-import socket
 from collections.abc import Mapping
 from typing import Any
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from pearl.procutil import free_port
 
 
 def bucketize(state: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:

@@ -37,9 +37,9 @@ from pearl.engines.base import (
     SamplingParams,
     ServerSpec,
 )
-from pearl.engines.child_server import VllmSettings
 from pearl.engines.resume import continuation_request, final_finish_reason, generated_tokens, merge_parts
 from pearl.engines.vllm import VllmEngine
+from pearl.engines.vllm_server import VllmSettings
 from pearl.models import ensure_models
 from pearl.train.snapshot import write_snapshot
 

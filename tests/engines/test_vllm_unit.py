@@ -12,9 +12,9 @@ import torch
 
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, EngineStartError, GenerateRequest, SamplingParams, ServerSpec
-from pearl.engines.child_server import VllmServer, VllmSettings, omp_bind
 from pearl.engines.vllm import VllmEngine, kv_role_for
 from pearl.engines.vllm_broadcast import GlooBroadcaster, bucketize
+from pearl.engines.vllm_server import VllmServer, VllmSettings, omp_bind
 from pearl.engines.vllm_worker_ext import PearlWorkerExtension
 
 

@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from pearl.config import CONFIG_DIR, RunConfig, load_config
-from pearl.engines.child_server import VllmSettings
 from pearl.engines.devicemap import DeviceMappedEngine
 from pearl.engines.vllm import VllmEngine
+from pearl.engines.vllm_server import VllmSettings
 from pearl.reliability.faults import ChaosEngine
 from pearl.runtime.clock import LoopClock
 
