@@ -1,0 +1,230 @@
+"""The package layers of docs/architecture.md, read from the import statements of the source.
+
+A *node* is a first-level package of ``pearl`` (``core``, ``engines``, ``runtime`` ...), ``envs``,
+or one of two groups of ``pearl``'s own modules: ``base`` (``pearl/__init__.py``, ``config``,
+``models``, ``procutil``, ``reaper``, ``access``: what every layer may use) and ``entry`` (``cli``,
+``main``, ``run``, ``serve``, ``__main__``: the commands). An *edge* ``a -> b`` is an ``import`` /
+``from ... import`` anywhere in a module of ``a`` (function bodies included) naming a module of
+``b``. Imports under ``if TYPE_CHECKING:`` never run; they are checked apart (``TYPE_ONLY_UP``).
+
+Rules: every edge points to a lower layer (``LAYERS``), hence no cycle; ``pearl/core`` imports
+nothing of ours outside itself, not even for types. ``python tests/test_layers.py`` prints the
+graph (edges, cycles, type-only edges).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_MODULES = frozenset({"__init__", "config", "models", "procutil", "reaper", "access"})
+ENTRY_MODULES = frozenset({"cli", "main", "run", "serve", "__main__"})
+
+#: lower number = lower layer; an import may only name a node of a strictly lower layer
+LAYERS: Mapping[str, int] = {
+    "base": 0,
+    "core": 1,
+    "engines": 2,
+    "train": 3,
+    "envs": 3,
+    "runtime": 4,
+    "sim": 5,
+    "admin": 5,
+    "obs": 6,
+    "entry": 7,
+    "reliability": 8,  # fuzzes the CLI's parsers, so it sits above the commands
+}
+
+#: upward imports that only type-check (``if TYPE_CHECKING:``), each with its reason
+TYPE_ONLY_UP: Mapping[tuple[str, str], str] = {
+    ("engines", "runtime"): "the emulated engine is typed against runtime.clock.Clock, the clock it is handed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    src: str
+    dst: str
+    where: str  # path:line of the import statement
+    type_only: bool
+
+
+def node_of(parts: tuple[str, ...], root: Path) -> str | None:
+    """The node of module ``parts`` (``("pearl", "runtime", "node", "agent")``); None outside ours."""
+    if parts[0] == "envs":
+        return "envs"
+    if parts[0] != "pearl":
+        return None
+    if len(parts) == 1:
+        return "base"
+    if (root / "pearl" / parts[1]).is_dir():
+        return parts[1]
+    if parts[1] in ENTRY_MODULES:
+        return "entry"
+    return "base"  # a module in BASE_MODULES, or a name of pearl/__init__.py (``from pearl import __version__``)
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+            out.update(id(x) for stmt in n.body for x in ast.walk(stmt))
+    return out
+
+
+def _imported(n: ast.stmt) -> list[str]:
+    if isinstance(n, ast.Import):
+        return [a.name for a in n.names]
+    if isinstance(n, ast.ImportFrom) and n.module is not None and n.level == 0:
+        return [f"pearl.{a.name}" for a in n.names] if n.module == "pearl" else [n.module]
+    return []
+
+
+def source_files(root: Path) -> Iterator[Path]:
+    for top in ("pearl", "envs"):
+        for p in sorted((root / top).rglob("*.py")):
+            if "projects" not in p.relative_to(root).parts:  # envs/repofix/projects: task repositories
+                yield p
+
+
+def edges(root: Path) -> list[Edge]:
+    out: list[Edge] = []
+    for path in source_files(root):
+        src = node_of(path.relative_to(root).with_suffix("").parts, root)
+        assert src is not None
+        tree = ast.parse(path.read_text(), filename=str(path))
+        type_only = _type_checking_nodes(tree)
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Import | ast.ImportFrom):
+                continue
+            for module in _imported(n):
+                dst = node_of(tuple(module.split(".")), root)
+                if dst is not None and dst != src:
+                    out.append(Edge(src, dst, f"{path.relative_to(root)}:{n.lineno}", id(n) in type_only))
+    return out
+
+
+def cycles(es: list[Edge]) -> list[list[str]]:
+    """Every strongly connected component of more than one node (Tarjan), as a sorted node list."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for e in es:
+        graph[e.src].add(e.dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(set(graph) | {d for ds in graph.values() for d in ds}):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def _fmt(es: list[Edge]) -> str:
+    return "\n".join(f"  {e.src} -> {e.dst}  ({e.where})" for e in es)
+
+
+@pytest.fixture(scope="module")
+def repo_edges() -> list[Edge]:
+    return edges(ROOT)
+
+
+def test_core_imports_nothing_outside_core(repo_edges: list[Edge]) -> None:
+    bad = [e for e in repo_edges if e.src == "core"]
+    assert not bad, f"pearl/core must import only pearl.core:\n{_fmt(bad)}"
+
+
+def test_no_package_cycle(repo_edges: list[Edge]) -> None:
+    run_time = [e for e in repo_edges if not e.type_only]
+    found = cycles(run_time)
+    detail = _fmt([e for e in run_time if any(e.src in c and e.dst in c for c in found)])
+    assert found == [], f"package cycles {found}:\n{detail}"
+
+
+def test_every_node_has_a_layer(repo_edges: list[Edge]) -> None:
+    nodes = {e.src for e in repo_edges} | {e.dst for e in repo_edges}
+    assert nodes <= set(LAYERS), f"place {sorted(nodes - set(LAYERS))} in LAYERS and docs/architecture.md"
+
+
+def test_imports_point_down_the_layers(repo_edges: list[Edge]) -> None:
+    up = [e for e in repo_edges if not e.type_only and LAYERS[e.dst] >= LAYERS[e.src]]
+    assert not up, f"imports that do not point to a lower layer:\n{_fmt(up)}"
+
+
+def test_type_only_imports_upward_are_the_listed_ones(repo_edges: list[Edge]) -> None:
+    up = [e for e in repo_edges if e.type_only and LAYERS[e.dst] >= LAYERS[e.src]]
+    unlisted = [e for e in up if (e.src, e.dst) not in TYPE_ONLY_UP]
+    assert not unlisted, f"type-only imports upward, not in TYPE_ONLY_UP:\n{_fmt(unlisted)}"
+    assert {(e.src, e.dst) for e in up} == set(TYPE_ONLY_UP), "TYPE_ONLY_UP lists an edge the code no longer has"
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+def test_the_scan_finds_a_cycle_through_a_function_body_and_skips_type_checking(tmp_path: Path) -> None:
+    _write(tmp_path, "pearl/__init__.py", "")
+    _write(tmp_path, "pearl/config.py", "")
+    _write(tmp_path, "pearl/core/__init__.py", "")
+    _write(tmp_path, "pearl/core/a.py", "from pearl.config import X\n")
+    _write(tmp_path, "pearl/runtime/__init__.py", "")
+    _write(tmp_path, "pearl/runtime/r.py", "import pearl.train.t\n")
+    _write(tmp_path, "pearl/train/__init__.py", "")
+    _write(tmp_path, "pearl/train/t.py", "def f():\n    from pearl.runtime.r import g\n")
+    _write(tmp_path, "pearl/engines/__init__.py", "")
+    _write(tmp_path, "pearl/engines/e.py",
+           "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pearl.runtime.r import C\n")
+    _write(tmp_path, "envs/x.py", "from pearl import __version__\n")
+    es = edges(tmp_path)
+    assert sorted((e.src, e.dst, e.where, e.type_only) for e in es) == [
+        ("core", "base", "pearl/core/a.py:1", False),
+        ("engines", "runtime", "pearl/engines/e.py:3", True),
+        ("envs", "base", "envs/x.py:1", False),
+        ("runtime", "train", "pearl/runtime/r.py:1", False),
+        ("train", "runtime", "pearl/train/t.py:2", False),
+    ]
+    assert cycles([e for e in es if not e.type_only]) == [["runtime", "train"]]
+
+
+def main() -> None:
+    es = edges(ROOT)
+    run_time = sorted({(e.src, e.dst) for e in es if not e.type_only})
+    print(f"run-time edges between nodes: {len(run_time)}")
+    for src in sorted({s for s, _ in run_time}):
+        print(f"  {src} -> {', '.join(d for s, d in run_time if s == src)}")
+    print(f"cycles: {cycles([e for e in es if not e.type_only])}")
+    print("type-only edges:", ", ".join(sorted({f"{e.src} -> {e.dst} ({e.where})" for e in es if e.type_only})))
+
+
+if __name__ == "__main__":
+    main()
