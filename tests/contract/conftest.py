@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .sglang_env import MISSING, import_sglang
+from .sglang_env import MISSING, import_sglang, use_sglang
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +15,10 @@ def sglang_modules() -> object:
     if mods is None:
         pytest.skip(MISSING)
     return mods
+
+
+@pytest.fixture(scope="session")
+def sglang_installed() -> None:
+    """``.sglang`` is built (for tests that run SGLang's code in their own processes)."""
+    if not use_sglang():
+        pytest.skip(MISSING)
