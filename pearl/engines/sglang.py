@@ -365,9 +365,10 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
     def _absorb(srv: SglangServer, msg: Any, st: _Stream) -> None:
         """Fold one event (or the whole non-streaming reply) into ``st``. With ``c`` =
         ``meta_info.completion_tokens`` and ``k`` tokens so far, an event's ``n`` ids are new tokens
-        if ``k + n == c`` (incremental), the whole output if ``n == c`` (cumulative, the final reply)
-        and a repeat if ``k == c`` (an abort's last event); logprobs likewise. Anything else is a
-        ``ResponseShapeError``; an ``error`` event is an ``EngineError``."""
+        if ``k + n == c`` (incremental), the whole output if ``n == c`` (cumulative, the final reply);
+        an abort's last event carries only the last id and every logprob entry ``[logprob, id,
+        text]`` (``_handle_abort_req`` in SGLang's tokenizer manager), whose ids complete the output.
+        Anything else is a ``ResponseShapeError``; an ``error`` event is an ``EngineError``."""
         wid = srv.spec.worker_id
         if not isinstance(msg, dict):
             raise ResponseShapeError(wid, f"generate event is not a JSON object: {str(msg)[:200]!r}")
@@ -380,28 +381,36 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         done = meta.get("completion_tokens")
         c = int(done) if isinstance(done, int) else len(st.tokens) + len(ids)
         k = len(st.tokens)
-        if k + len(ids) == c and ids:
-            st.tokens.extend(int(t) for t in ids)
+        lps = meta.get("output_token_logprobs")
+        lps = lps if isinstance(lps, list) and all(isinstance(e, list) and len(e) >= 2 for e in lps) else None
+        fr = meta.get("finish_reason")
+        aborted = isinstance(fr, dict) and fr.get("type") == "abort"
+        if k + len(ids) == c:
+            st.tokens.extend(int(t) for t in ids)  # incremental (or an empty final event)
         elif len(ids) == c and c >= k:
             st.tokens = [int(t) for t in ids]
-        elif not (k == c and len(ids) <= 1):
+        elif aborted and c >= k:
+            # an abort's last event: every logprob (``[logprob, id, text]``) but only the last id;
+            # tokens the server had and never streamed come from the logprob entries, else the
+            # output stays the prefix that arrived
+            if lps is not None and len(lps) == c:
+                st.tokens = [int(e[1]) for e in lps]
+        else:
             raise ResponseShapeError(wid, f"generate event with {len(ids)} output_ids and completion_tokens {c} "
                                      f"after {k} tokens: neither incremental nor cumulative")
         if len(st.tokens) > k:
             st.arrived(srv.inflight)
             st.grew.set()
-        lps = meta.get("output_token_logprobs")
-        if isinstance(lps, list) and lps:
+        if lps:
             vals = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
-            if len(st.logprobs) + len(vals) <= len(st.tokens) and len(vals) != len(st.tokens):
-                st.logprobs.extend(vals)
+            if len(vals) == len(st.tokens) or len(st.logprobs) + len(vals) > len(st.tokens):
+                st.logprobs = vals[:len(st.tokens)]
             else:
-                st.logprobs = vals
+                st.logprobs.extend(vals)
         st.prompt_tokens = int(meta.get("prompt_tokens") or st.prompt_tokens)
         st.cached_tokens = int(meta.get("cached_tokens") or st.cached_tokens)
         if meta.get("weight_version") is not None:
             st.version = str(meta["weight_version"])
-        fr = meta.get("finish_reason")
         if fr:
             st.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
             if isinstance(fr, dict) and st.finish == "abort":
@@ -435,7 +444,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
                 err = exc
             elif not st.ended and isinstance(exc.__cause__, aiohttp.ClientPayloadError):
                 err = StreamCutError(srv.spec.worker_id, f"request {rid}: stream closed before [DONE] "
-                                     f"after {len(st.tokens)} tokens")
+                                     f"after {len(st.tokens)} tokens ({exc.__cause__!r})")
             else:
                 raise
             if srv.alive:
