@@ -97,9 +97,15 @@ class _VisionOnlyTorchvision(importlib.abc.MetaPathFinder):
         return spec
 
 
+def installed() -> bool:
+    """``.sglang`` holds SGLang (checked without touching ``sys.path``)."""
+    return (SGLANG_DIR / "sglang" / "__init__.py").is_file()
+
+
 def use_sglang() -> bool:
-    """Make ``import sglang`` resolve to ``.sglang`` (idempotent); False if it is not installed."""
-    if not (SGLANG_DIR / "sglang" / "__init__.py").is_file():
+    """Make ``import sglang`` resolve to ``.sglang`` in this process (idempotent; the child
+    processes of the contract tests call it, never the test process); False if not installed."""
+    if not installed():
         return False
     if str(SGLANG_DIR) not in sys.path:
         sys.path.append(str(SGLANG_DIR))
@@ -107,54 +113,3 @@ def use_sglang() -> bool:
         sys.meta_path.insert(0, _VisionOnlyTorchvision())
     return True
 
-
-class SglangModules:
-    """The SGLang modules the contract tests read, imported once."""
-
-    def __init__(self) -> None:
-        import sglang.srt.entrypoints.http_server as http_server
-        import sglang.srt.managers.io_struct as io_struct
-        import sglang.srt.model_executor.model_runner_components.weight_updater as weight_updater
-        import sglang.srt.server_args as server_args
-        import sglang.srt.utils.common as common
-        import sglang.version as version
-
-        self.http_server = http_server
-        self.io_struct = io_struct
-        self.server_args = server_args
-        self.common = common
-        self.weight_updater = weight_updater
-        self.version = version.__version__
-
-
-_MODULES: list[SglangModules] = []
-
-
-def import_sglang() -> SglangModules | None:
-    """Import SGLang's modules (None if ``.sglang`` is missing) and undo what importing them does
-    to the process: SGLang installs uvloop's event-loop policy, sets a dozen cache/JIT environment
-    variables and a root log handler, and warns about CUDA-only quantization kernels at import."""
-    if _MODULES:
-        return _MODULES[0]
-    if not use_sglang():
-        return None
-    import asyncio
-    import logging
-    import os
-    import warnings
-
-    policy = asyncio.get_event_loop_policy()
-    env = dict(os.environ)
-    handlers, level = list(logging.root.handlers), logging.root.level
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mods = SglangModules()
-    finally:
-        asyncio.set_event_loop_policy(policy)
-        os.environ.clear()
-        os.environ.update(env)
-        logging.root.handlers[:] = handlers
-        logging.root.setLevel(level)
-    _MODULES.append(mods)
-    return mods

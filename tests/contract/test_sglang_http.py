@@ -36,7 +36,7 @@ from pearl.engines.resume import continuation_request, generated_tokens
 from pearl.engines.sglang import SglangEngine, SglangSettings
 from pearl.engines.sglang_fake import next_token
 
-from .sglang_env import ROOT, use_sglang
+from .sglang_env import MISSING, ROOT, installed
 
 pytestmark = [pytest.mark.sglang_contract, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(600)]
 
@@ -68,8 +68,8 @@ def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
 async def engines(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[SglangEngine, SglangEngine]]:
     """``inc``: a colocated server with incremental streaming (PEARL's default); ``cum``: a decode
     server (mooncake, role switch on) streaming cumulatively (SGLang's default)."""
-    if not use_sglang():
-        pytest.skip("SGLang is not installed in .sglang (run `make setup`)")
+    if not installed():
+        pytest.skip(MISSING)
     inc = SglangEngine(tmp_path_factory.mktemp("inc"), settings())
     cum = SglangEngine(tmp_path_factory.mktemp("cum"), settings(
         incremental_streaming=False, transfer_backend="mooncake", enable_pd_role_switch=True,
