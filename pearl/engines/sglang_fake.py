@@ -98,6 +98,8 @@ class FakeSglang:
     transfer_backend: str = "mooncake"
     incremental: bool = False
     health_delay_s: float = 1.0
+    #: refuses every role switch as SGLang does after a failed one (``_pd_role_switch_unhealthy``)
+    role_switch_unhealthy: bool = False
     weight_version: str = "default"
     seed: int = 0
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = generation may run
@@ -398,6 +400,10 @@ class FakeSglang:
                                       "new_role": role, "safe_to_restore": True}, status=400)
         if not self.enable_role_switch:
             return refuse("--enable-pd-role-switch is not set on this instance")
+        if self.role_switch_unhealthy:
+            return web.json_response({"success": False, "message": "instance is unhealthy after a failed role "
+                                      "switch; restart required", "old_role": self.mode, "new_role": role,
+                                      "safe_to_restore": False}, status=400)
         if role not in ("prefill", "decode"):
             return refuse(f"invalid new_role={role!r}")
         if self.mode == "null":
@@ -429,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--disaggregation-transfer-backend", default="mooncake")
     ap.add_argument("--incremental-streaming-output", action="store_true")
     ap.add_argument("--health-delay-s", type=float, default=1.0)
+    ap.add_argument("--role-switch-unhealthy", action="store_true")
     args, _unknown = ap.parse_known_args(argv)
 
     async def run() -> None:
@@ -436,7 +443,8 @@ def main(argv: list[str] | None = None) -> None:
                           bootstrap_port=args.disaggregation_bootstrap_port, token_delay_s=args.token_delay_s,
                           model_path=args.model_path, enable_role_switch=args.enable_pd_role_switch,
                           weight_version=args.weight_version, transfer_backend=args.disaggregation_transfer_backend,
-                          incremental=args.incremental_streaming_output, health_delay_s=args.health_delay_s)
+                          incremental=args.incremental_streaming_output, health_delay_s=args.health_delay_s,
+                          role_switch_unhealthy=args.role_switch_unhealthy)
         await fake.start()
         print(f"fake sglang listening on {args.host}:{fake.port} mode={fake.mode}", flush=True)
         await asyncio.Event().wait()
