@@ -20,6 +20,7 @@ from pearl.engines.base import (
     RequestTimings,
     SamplingParams,
     ServerSpec,
+    StreamCutError,
 )
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime import node_agent as na
@@ -105,6 +106,9 @@ def test_wire_round_trips() -> None:
     kv = KVTransferError("d", "lost", res)
     back = na.error_from_dict(na.error_to_dict(kv))
     assert type(back) is KVTransferError and back.partial == res and str(back) == str(kv)
+    cut = StreamCutError("w", "stream closed before [DONE]", res)
+    back = na.error_from_dict(na.error_to_dict(cut))
+    assert type(back) is StreamCutError and back.partial == res and str(back) == str(cut)
 
 
 @pytest.mark.slow
