@@ -16,7 +16,7 @@ of GPUs) and polls ``/health``; ``await engine.close()`` stops every server. Log
   and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) while ``completion_tokens`` counts
   all so far (SGLang's default cumulative events grow with the output; a 16K-token response makes
   one line past aiohttp's 512 KiB limit). An abort's last event repeats the last token and carries
-  every logprob; ``_absorb`` tells the three kinds of event apart by ``completion_tokens``. A
+  every logprob; ``_absorb`` tells the kinds of event apart by ``completion_tokens``. A
   partial output survives an abort (``finish_reason.type == "abort"``) or a death; a decode-side KV
   failure is an abort event with ``status_code`` 500 and becomes ``KVTransferError``. Errors inside a
   stream arrive as ``data: {"error": ...}`` events before ``[DONE]``.

@@ -8,7 +8,7 @@ from ``.sglang``.
 
 One thing is stubbed, and only while two of SGLang's modules execute: ``torchvision``. The venv
 has none (PyPI's torchvision is CUDA-linked and fails beside the CPU torch; ``scripts/setup.sh``
-removes it), and SGLang's model-config package imports two vision helpers at module level
+removes it), and SGLang's model-config package imports two vision modules at module level
 (``srt/multimodal/internvl_utils.py``, ``srt/configs/deepseek_ocr.py``: image transforms for
 InternVL and DeepSeek-OCR, never called by a text model). ``_VisionOnlyTorchvision`` runs those two
 modules' real code with a stub ``torchvision`` in ``sys.modules`` and removes it as soon as each
