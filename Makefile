@@ -3,18 +3,18 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.pearl-setup-$(shell cat pyproject.toml scripts/setup.sh 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.pearl-setup-$(shell cat pyproject.toml scripts/setup.sh scripts/setup_sglang.sh 2>/dev/null | sha1sum | cut -c1-12)
 MODELS := .models
 CONFIG ?= configs/cpu-demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup models test test-fast test-soak test-gpu lint typecheck run run-tiny simulate experiments bench \
+.PHONY: setup models test test-fast test-soak test-gpu test-gpu-sglang lint typecheck run run-tiny simulate experiments bench \
         reliability swebench-qwen3-8b swebench-qwen3-30b-a3b clean
 
 ## setup: create .venv and install PEARL with vLLM (CPU), dev tools and local models (idempotent)
 setup: $(STAMP) $(MODELS)/.built
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/setup_sglang.sh
 	PY=$(PY) bash scripts/setup.sh
 	@rm -f $(VENV)/.pearl-setup-* && touch $@
 
@@ -36,8 +36,14 @@ test-fast: setup
 test-soak: setup
 	$(BIN)/python -m pytest -q -m soak $(PYTEST_ARGS)
 
-## test-gpu: SGLang/NCCL tests on a GPU host (pip install -e '.[sglang]' first)
+## test-gpu: the one-GPU smoke (NCCL on one GPU, FSDP2 bf16, offload/reload, the trainer on CUDA;
+## torch + CUDA only, <= 8 min; scripts/gpu_smoke.py). GPU_PY: that host's python.
+## test-gpu-sglang: SglangEngine on real SGLang servers (>= 2 GPUs, pip install -e '.[sglang]' first)
+GPU_PY ?= python3
 test-gpu:
+	timeout 480 $(GPU_PY) scripts/gpu_smoke.py
+
+test-gpu-sglang:
 	$(BIN)/python -m pytest -q -m gpu --run-gpu $(PYTEST_ARGS)
 
 lint: setup

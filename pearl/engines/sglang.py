@@ -12,18 +12,35 @@ of GPUs) and polls ``/health``; ``await engine.close()`` stops every server. Log
   the decode server pulls the KV through the transfer backend (``mooncake`` / ``nixl``). A pair
   across nodes runs as two halves through the node agents: ``pd_prefill`` (the prefill request in
   the background; the handle is the bootstrap address and room) and ``pd_decode`` (with it).
-  The stream's ``output_ids`` and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) are
-  cumulative; a partial output survives an abort (``finish_reason.type == "abort"``) or a death.
+  Servers run with ``--incremental-streaming-output``: each event carries only its new ``output_ids``
+  and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) while ``completion_tokens`` counts
+  all so far (SGLang's default cumulative events grow with the output; a 16K-token response makes
+  one line past aiohttp's 512 KiB limit). An abort's last event repeats the last token and carries
+  every logprob; ``_absorb`` tells the kinds of event apart by ``completion_tokens``. A
+  partial output survives an abort (``finish_reason.type == "abort"``) or a death; a decode-side KV
+  failure is an abort event with ``status_code`` 500 and becomes ``KVTransferError``. Errors inside a
+  stream arrive as ``data: {"error": ...}`` events before ``[DONE]``.
 - ``/abort_request {rid | abort_all}``, ``/pause_generation {mode: abort|retract|in_place}``,
   ``/continue_generation``, ``/update_weights_from_disk {model_path, weight_version}``,
   ``/init_weights_update_group`` + ``/update_weights_from_distributed {names, dtypes, shapes,
   group_name, weight_version}`` (the trainer runs rank 0 of that NCCL group),
   ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``--enable-memory-saver``),
-  ``/pd_role_switch {new_role}`` (``--enable-pd-role-switch``), ``GET /get_weight_version``.
+  ``/pd_role_switch {new_role, decode_cuda_graph_memory_gb}`` (``--enable-pd-role-switch``),
+  ``GET /model_info`` (its ``weight_version`` is the live version), ``GET /ping`` (liveness: a flag
+  check that stays 200 while paused; ``/health`` runs a one-token generation after a 1 s sleep).
+- Abort: SGLang's tokenizer aborts an exact ``rid`` (its scheduler by prefix); the prefill half of a
+  PD request is ``<rid>.p``, so ``abort(prefill, rid)`` aborts both names.
+- Weight loads pause with ``mode=abort`` first: an update sent to a running server waits on
+  SGLang's writer lock behind every in-flight generation.
 
 Role change: prefill <-> decode in place through ``/pd_role_switch`` when
-``settings.enable_pd_role_switch``; anything involving the colocated mode (``--disaggregation-mode
-null``) relaunches the server. Telemetry is measured client-side as in ``pearl.engines.vllm``.
+``settings.enable_pd_role_switch`` and the transfer backend supports it (``mooncake``, ``mori``:
+SGLang's ``nixl`` KV manager refuses, so a nixl server relaunches without asking): the server is
+drained first (pause with abort, then continue: SGLang switches only an idle server), a switch to
+decode sends ``settings.decode_cuda_graph_memory_gb``; a refused switch (``RoleSwitchError``)
+falls back to a relaunch. Anything involving the colocated mode (``--disaggregation-mode null``)
+relaunches the server. Telemetry is measured client-side as in ``pearl.engines.vllm``; in PD the
+prefill half replies only once its KV has been sent, so ``prefill_s`` includes the transfer.
 """
 
 from __future__ import annotations
@@ -42,35 +59,53 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from pearl.core.state import Role
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
+    EngineProtocolError,
+    EngineStartError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
     KVTransferError,
     RequestTimings,
+    ResponseShapeError,
+    ResponseTooLargeError,
+    RoleSwitchError,
     ServerSpec,
+    StreamCutError,
+    WeightVersionError,
 )
-from pearl.engines.child_server import ChildServer
-from pearl.engines.http_engine import HttpEngine, StreamState
+from pearl.engines.child_server import ChildServer, race_death
+from pearl.engines.http_engine import ABORT_TIMEOUT_S, HttpEngine, StreamState
 from pearl.procutil import free_port
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0
 MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
+#: transfer backends whose SGLang KV manager implements ``/pd_role_switch`` (``supports_role_switch``)
+ROLE_SWITCH_BACKENDS = frozenset({"mooncake", "mori"})
 
 
 @dataclass(frozen=True, slots=True)
 class SglangSettings:
     python: str = sys.executable
     module: str = "sglang.launch_server"
-    transfer_backend: Literal["mooncake", "nixl", "fake"] = "nixl"
+    #: ``fake`` moves no KV and serves only decode servers (SGLang refuses a fake prefill server)
+    transfer_backend: Literal["mooncake", "nixl", "mori", "fake"] = "nixl"
     mem_fraction_static: float = 0.8
     enable_memory_saver: bool = True
     enable_pd_role_switch: bool = False
+    #: a prefill -> decode switch captures decode CUDA graphs and SGLang wants their footprint (GB)
+    #: measured on a matching decode server; None: switches to decode relaunch instead
+    decode_cuda_graph_memory_gb: float | None = None
+    #: ``--enable-deterministic-inference``: without it SGLang ignores ``sampling_seed``
+    deterministic_inference: bool = False
+    #: events carry only new tokens (``--incremental-streaming-output``); False: SGLang's cumulative
+    incremental_streaming: bool = True
     start_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     #: a cross-node prefill half (``pd_prefill``) not taken by a decode server within this is aborted
@@ -101,10 +136,14 @@ class SglangServer(ChildServer):
                "--weight-version", str(self.weight_version)]
         if s.enable_memory_saver:
             cmd.append("--enable-memory-saver")
+        if s.incremental_streaming:
+            cmd.append("--incremental-streaming-output")
+        if s.deterministic_inference:
+            cmd.append("--enable-deterministic-inference")
         if self.mode != "null":
             cmd += ["--disaggregation-mode", self.mode, "--disaggregation-transfer-backend", s.transfer_backend,
                     "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
-            if s.enable_pd_role_switch:
+            if s.enable_pd_role_switch and s.transfer_backend in ROLE_SWITCH_BACKENDS:
                 cmd.append("--enable-pd-role-switch")
         return cmd + list(s.extra_args)
 
@@ -123,6 +162,9 @@ class _Stream(StreamState):
     """A ``/generate`` stream so far, with the weight version the server reports in it."""
 
     version: str | None = None
+    ended: bool = False  # ``[DONE]`` (or the whole non-streaming reply) arrived
+    abort_status: int | None = None  # ``finish_reason.status_code`` of an abort event
+    abort_message: str = ""
 
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -131,12 +173,17 @@ FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": Fin
 class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
     """SGLang servers as child processes; see the module docstring."""
 
+    live_path = "/ping"
+
     def __init__(self, run_dir: str | Path, settings: SglangSettings | None = None):
         super().__init__(run_dir, settings or SglangSettings())
         self._prefills: set[asyncio.Task[None]] = set()  # background halves of ``pd_prefill``
 
     # ------------------------------------------------------------------------------ servers
     async def launch(self, spec: ServerSpec) -> None:
+        if spec.role is Role.PREFILL and self.settings.transfer_backend == "fake":
+            raise EngineStartError(spec.worker_id, "SGLang's prefill server does not support the 'fake' transfer "
+                                   "backend; use mooncake, nixl or mori")
         await self._start(SglangServer(
             spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
             weight_version=spec.weight_version, settings=self.settings))
@@ -161,8 +208,14 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         return data
 
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
-        body = {"abort_all": True} if rid is None else {"rid": rid}
-        await self._call(self._alive(worker_id), "POST", "/abort_request", body)
+        """Abort ``rid`` (every request if None). SGLang's tokenizer matches the exact ``rid``, so on
+        a prefill server the prefill half ``<rid>.p`` is aborted too."""
+        srv = self._alive(worker_id)
+        if rid is None:
+            await self._call(srv, "POST", "/abort_request", {"abort_all": True})
+            return
+        for name in ([rid, f"{rid}.p"] if srv.mode == "prefill" and not rid.endswith(".p") else [rid]):
+            await self._call(srv, "POST", "/abort_request", {"rid": name})
 
     async def pause(self, worker_id: str, mode: Literal["in_place", "retract", "abort"] = "in_place") -> None:
         await self._call(self._alive(worker_id), "POST", "/pause_generation", {"mode": mode})
@@ -183,8 +236,20 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     # ------------------------------------------------------------------------------ weights
     async def weight_version(self, worker_id: str) -> int:
-        data = await self._call(self._alive(worker_id), "GET", "/get_weight_version")
-        return int(data["weight_version"])
+        """The live version: ``weight_version`` of ``GET /model_info`` (a string on SGLang's side)."""
+        srv = self._alive(worker_id)
+        data = await self._call(srv, "GET", "/model_info")
+        version = data.get("weight_version") if isinstance(data, dict) else None
+        if not isinstance(version, str | int) or not str(version).lstrip("-").isdigit():
+            raise WeightVersionError(worker_id, f"GET /model_info has no integer weight_version "
+                                     f"(got {str(data)[:200]!r}); was the server launched by SglangEngine?")
+        return int(version)
+
+    async def _check_version(self, srv: SglangServer, version: int, what: str) -> None:
+        live = await self.weight_version(srv.spec.worker_id)
+        if live != version:
+            raise WeightVersionError(srv.spec.worker_id, f"{what} reported success but the server reports "
+                                     f"weight_version {live}, not {version}")
 
     async def load_weights(self, worker_id: str, path: str, version: int) -> None:
         srv = self._alive(worker_id)
@@ -192,6 +257,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         try:
             await self._call(srv, "POST", "/update_weights_from_disk",
                              {"model_path": str(path), "weight_version": str(version)})
+            await self._check_version(srv, version, "update_weights_from_disk")
             srv.weight_version = version
         finally:
             if srv.alive:
@@ -208,12 +274,22 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     async def update_weights_from_distributed(self, worker_id: str, names: Sequence[str], dtypes: Sequence[str],
                                               shapes: Sequence[Sequence[int]], version: int,
-                                              group_name: str = "weight_update_group") -> None:
-        """Receive one broadcast of ``names`` (the trainer broadcasts the tensors meanwhile)."""
+                                              group_name: str = "weight_update_group",
+                                              bucketed: bool = False) -> None:
+        """Receive one update of ``names`` while the trainer broadcasts (``pearl.train.broadcast``):
+        ``bucketed`` False is SGLang's default format (one broadcast per name, in order, each of its
+        own dtype and shape: ``send_weights`` of a per-tensor layout); True is its
+        ``flattened_bucket`` format (one uint8 broadcast of the tensors' bytes back to back:
+        ``send_weights(..., as_bytes=True)`` of one bucket). In-flight requests are aborted first
+        (``abort_all_requests``): otherwise the update waits on SGLang's writer lock behind them."""
         srv = self._alive(worker_id)
-        await self._call(srv, "POST", "/update_weights_from_distributed", {
+        body: dict[str, Any] = {
             "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-            "group_name": group_name, "weight_version": str(version), "flush_cache": True})
+            "group_name": group_name, "weight_version": str(version), "flush_cache": True,
+            "abort_all_requests": True}
+        if bucketed:
+            body["load_format"] = "flattened_bucket"
+        await self._call(srv, "POST", "/update_weights_from_distributed", body)
         srv.weight_version = version
 
     # ------------------------------------------------------------------------------ roles
@@ -222,15 +298,53 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         t0 = time.monotonic()
         if srv.spec.role == role:
             return
-        in_place = (self.settings.enable_pd_role_switch and srv.alive
-                    and {srv.spec.role, role} == {Role.PREFILL, Role.DECODE})
-        if in_place:
-            await self._call(srv, "POST", "/pd_role_switch", {"new_role": MODE_OF_ROLE[role]})
-            srv.spec = replace(srv.spec, role=role)
-        else:
-            await srv.stop()
-            await self.launch(replace(srv.spec, role=role, weight_version=srv.weight_version))
+        if self._switchable(srv, role):
+            try:
+                await self._switch_in_place(srv, role)
+                self.last_role_change_s = time.monotonic() - t0
+                return
+            except RoleSwitchError as exc:
+                log.warning("in-place role switch of %s refused, relaunching: %s", worker_id, exc)
+        await srv.stop()
+        await self.launch(replace(srv.spec, role=role, weight_version=srv.weight_version))
         self.last_role_change_s = time.monotonic() - t0
+
+    def _switchable(self, srv: SglangServer, role: Role) -> bool:
+        """An in-place switch is worth asking for: enabled, a backend whose KV manager supports it,
+        prefill <-> decode, and for a switch to decode the graph footprint SGLang needs."""
+        s = self.settings
+        return (s.enable_pd_role_switch and s.transfer_backend in ROLE_SWITCH_BACKENDS and srv.alive
+                and {srv.spec.role, role} == {Role.PREFILL, Role.DECODE}
+                and (role is not Role.DECODE or s.decode_cuda_graph_memory_gb is not None))
+
+    async def _switch_in_place(self, srv: SglangServer, role: Role) -> None:
+        """Drain (SGLang switches only an idle server), then ``/pd_role_switch``. A refusal is a
+        ``RoleSwitchError``; the server is resumed in its old role when it says that is safe."""
+        await self._call(srv, "POST", "/pause_generation", {"mode": "abort"})
+        await self._call(srv, "POST", "/continue_generation", {})
+        body: dict[str, Any] = {"new_role": MODE_OF_ROLE[role]}
+        if role is Role.DECODE:
+            body["decode_cuda_graph_memory_gb"] = self.settings.decode_cuda_graph_memory_gb
+        text = await self._fetch_any(srv, "POST", "/pd_role_switch", body)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict) or "success" not in data:
+            raise RoleSwitchError(srv.spec.worker_id, f"/pd_role_switch answered {text[:300]!r}", safe_to_restore=False)
+        if not data["success"]:
+            raise RoleSwitchError(srv.spec.worker_id, f"/pd_role_switch to {body['new_role']} refused: "
+                                  f"{data.get('message')}", safe_to_restore=bool(data.get("safe_to_restore")))
+        srv.spec = replace(srv.spec, role=role)
+
+    async def _fetch_any(self, srv: SglangServer, method: str, path: str, body: Any) -> str:
+        """A control call whose reply is read whatever its status (SGLang answers 400 with a body)."""
+        async def call() -> str:
+            async with self._session().request(method, f"{srv.url}{path}", json=body,
+                                               timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)) as r:
+                return await r.text()
+        text: str = await race_death(srv, call(), f"{method} {path}")
+        return text
 
     # ------------------------------------------------------------------------------ generation
     @staticmethod
@@ -248,36 +362,95 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         return body
 
     @staticmethod
-    def _absorb(srv: SglangServer, msg: dict[str, Any], st: _Stream) -> None:
+    def _absorb(srv: SglangServer, msg: Any, st: _Stream) -> None:
+        """Fold one event (or the whole non-streaming reply) into ``st``. With ``c`` =
+        ``meta_info.completion_tokens`` and ``k`` tokens so far, an event's ``n`` ids are new tokens
+        if ``k + n == c`` (incremental), the whole output if ``n == c`` (cumulative, the final reply);
+        an abort's last event carries only the last id and every logprob entry ``[logprob, id,
+        text]`` (``_handle_abort_req`` in SGLang's tokenizer manager), whose ids complete the output.
+        Anything else is a ``ResponseShapeError``; an ``error`` event is an ``EngineError``."""
+        wid = srv.spec.worker_id
+        if not isinstance(msg, dict):
+            raise ResponseShapeError(wid, f"generate event is not a JSON object: {str(msg)[:200]!r}")
         if "error" in msg:
             err = msg["error"]
-            raise EngineError(srv.spec.worker_id, f"generate error: {err.get('message', err) if isinstance(err, dict) else err}")
-        ids = [int(t) for t in msg.get("output_ids") or []]
-        meta = msg.get("meta_info") or {}
-        if len(ids) > len(st.tokens):
-            st.arrived(srv.inflight)
-        if len(ids) >= len(st.tokens):
-            st.tokens = ids  # cumulative (SGLang's default streaming)
-            st.grew.set()
+            raise EngineError(wid, f"generate error: {err.get('message', err) if isinstance(err, dict) else err}")
+        ids, meta = msg.get("output_ids"), msg.get("meta_info")
+        if not isinstance(ids, list) or not isinstance(meta, dict):
+            raise ResponseShapeError(wid, f"generate event lacks output_ids / meta_info: {str(msg)[:200]!r}")
+        done = meta.get("completion_tokens")
+        c = int(done) if isinstance(done, int) else len(st.tokens) + len(ids)
+        k = len(st.tokens)
         lps = meta.get("output_token_logprobs")
-        if lps is not None and len(lps) >= len(st.logprobs):
-            st.logprobs = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
+        lps = lps if isinstance(lps, list) and all(isinstance(e, list) and len(e) >= 2 for e in lps) else None
+        fr = meta.get("finish_reason")
+        aborted = isinstance(fr, dict) and fr.get("type") == "abort"
+        if k + len(ids) == c:
+            st.tokens.extend(int(t) for t in ids)  # incremental (or an empty final event)
+        elif len(ids) == c and c >= k:
+            st.tokens = [int(t) for t in ids]
+        elif aborted and c >= k:
+            # an abort's last event: every logprob (``[logprob, id, text]``) but only the last id;
+            # tokens the server had and never streamed come from the logprob entries, else the
+            # output stays the prefix that arrived
+            if lps is not None and len(lps) == c:
+                st.tokens = [int(e[1]) for e in lps]
+        else:
+            raise ResponseShapeError(wid, f"generate event with {len(ids)} output_ids and completion_tokens {c} "
+                                     f"after {k} tokens: neither incremental nor cumulative")
+        if len(st.tokens) > k:
+            st.arrived(srv.inflight)
+            st.grew.set()
+        if lps:
+            vals = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
+            if len(vals) == len(st.tokens) or len(st.logprobs) + len(vals) > len(st.tokens):
+                st.logprobs = vals[:len(st.tokens)]
+            else:
+                st.logprobs.extend(vals)
         st.prompt_tokens = int(meta.get("prompt_tokens") or st.prompt_tokens)
         st.cached_tokens = int(meta.get("cached_tokens") or st.cached_tokens)
         if meta.get("weight_version") is not None:
             st.version = str(meta["weight_version"])
-        fr = meta.get("finish_reason")
         if fr:
             st.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
+            if isinstance(fr, dict) and st.finish == "abort":
+                code = fr.get("status_code")
+                st.abort_status = int(code) if isinstance(code, int) else None
+                st.abort_message = str(fr.get("message") or "")
 
     async def _read(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> None:
         await self._post_stream(srv, "/generate", body, lambda msg: self._absorb(srv, msg, st))
+        st.ended = True
 
     async def _run(self, srv: SglangServer, body: dict[str, Any], st: _Stream) -> bool:
-        """True if the stream ended normally, False if the engine stopped the server meanwhile."""
+        """True if the stream ended normally, False if the engine stopped the server meanwhile.
+        A stream cut before ``[DONE]``, an event past the line limit or one of an unknown shape
+        aborts the remote request and raises the named ``EngineProtocolError``."""
+        rid = str(body["rid"])
+
         def abort() -> Awaitable[Any]:
-            return self._call(srv, "POST", "/abort_request", {"rid": body["rid"]})
-        return await self._follow(srv, str(body["rid"]), st, self._read(srv, body, st), abort)
+            return self._call(srv, "POST", "/abort_request", {"rid": rid})
+        try:
+            return await self._follow(srv, rid, st, self._read(srv, body, st), abort)
+        except EngineDeadError:
+            raise
+        except (EngineProtocolError, LineTooLong, EngineError) as exc:
+            err: EngineError
+            if isinstance(exc, LineTooLong):
+                err = ResponseTooLargeError(srv.spec.worker_id, f"request {rid}: one stream event exceeded aiohttp's "
+                                            f"line limit ({exc.args[1]} bytes); SGLang streams incrementally only "
+                                            f"with --incremental-streaming-output")
+            elif isinstance(exc, EngineProtocolError):
+                err = exc
+            elif not st.ended and isinstance(exc.__cause__, aiohttp.ClientPayloadError):
+                err = StreamCutError(srv.spec.worker_id, f"request {rid}: stream closed before [DONE] "
+                                     f"after {len(st.tokens)} tokens ({exc.__cause__!r})")
+            else:
+                raise
+            if srv.alive:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(abort(), ABORT_TIMEOUT_S)
+            raise err from exc
 
     def _result(self, req: GenerateRequest, st: _Stream, srv: SglangServer, timings: RequestTimings,
                 version: int, prefill_id: str = "") -> GenerateResult:
@@ -307,7 +480,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         st, version, t0 = _Stream(), srv.weight_version, time.perf_counter()
         try:
             await self._run(srv, self._body(req, stream=True), st)
-        except EngineDeadError as exc:
+        except (EngineDeadError, EngineProtocolError) as exc:
             exc.partial = self._result(req, replace(st, finish="abort"), srv, RequestTimings(), version)
             raise
         return self._result(req, st, srv, self._timings(st, t0), version)
@@ -328,9 +501,13 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         ptask = asyncio.create_task(prefill())
         try:
             st, d, version = await self._decode_half(decode_id, req, pd, prefill_id)
-        finally:
+        except BaseException:
+            ptask.cancel()  # its _follow aborts <rid>.p on the prefill server
             with contextlib.suppress(asyncio.CancelledError, EngineError):
-                await asyncio.wait_for(ptask, 30)
+                await ptask
+            raise
+        with contextlib.suppress(asyncio.CancelledError, EngineError, TimeoutError):
+            await asyncio.wait_for(ptask, 30)
         return self._result(req, st, d, self._timings(st, t0, prefill_done[0] if prefill_done else 0.0), version,
                             prefill_id)
 
@@ -347,7 +524,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         st, version = _Stream(), d.weight_version
         try:
             await self._run(d, self._body(req, stream=True, pd=pd), st)
-        except EngineDeadError as exc:
+        except (EngineDeadError, EngineProtocolError) as exc:
             exc.partial = self._result(req, replace(st, finish="abort"), d, RequestTimings(), version, prefill_id)
             raise
         except EngineError as exc:
@@ -355,6 +532,12 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
                                   f"{prefill_id or pd['bootstrap_host']} reachable on its bootstrap port?",
                                   partial=self._result(req, replace(st, finish="abort"), d, RequestTimings(),
                                                        version, prefill_id)) from exc
+        if st.finish == "abort" and st.abort_status is not None and st.abort_status >= 500:
+            # SGLang's decode server reports a failed KV transfer / bootstrap as an abort event
+            # with status_code 500 (``disaggregation/decode.py``: ``prepare_abort``), then [DONE]
+            raise KVTransferError(decode_id, f"request {req.rid}: decode server aborted it with status "
+                                  f"{st.abort_status}: {st.abort_message}",
+                                  partial=self._result(req, st, d, RequestTimings(), version, prefill_id))
         return st, d, version
 
     async def pd_prefill(self, prefill_id: str, req: GenerateRequest) -> dict[str, Any] | None:

@@ -22,12 +22,22 @@ the prompt) for ``bootstrap_room`` on its bootstrap port (``GET /kv/{room}``); t
 fetches it from ``bootstrap_host:bootstrap_port`` before decoding and fails the request if the
 digest does not match its own prompt (a real hand-off check, like the ``fake`` transfer backend).
 
-Wire details reproduced: ``/generate`` non-streaming returns ``{text, output_ids, meta_info}``;
-streaming (``stream: true``) sends SSE ``data: {...}`` chunks whose ``output_ids`` and
-``meta_info.output_token_logprobs`` are cumulative (SGLang's default without
-``--incremental-streaming-output``), then ``data: [DONE]``. ``output_token_logprobs`` entries are
-``[logprob, token_id, null]``. Aborted requests return their partial output with
-``finish_reason {"type": "abort", "message": ...}``.
+Wire details reproduced (each pinned by ``tests/contract`` against SGLang's own app): ``/generate``
+non-streaming returns ``{text, output_ids, meta_info}``; streaming (``stream: true``) sends SSE
+``data: {...}`` events, cumulative by default and only the new tokens and logprobs with
+``--incremental-streaming-output`` (``meta_info.completion_tokens`` counts all), then
+``data: [DONE]``. ``output_token_logprobs`` entries are ``[logprob, token_id, null]``. An aborted
+request's last event has ``finish_reason {"type": "abort", "message", "status_code"}``, and in
+incremental mode repeats the last token with every logprob; a decode server whose KV never arrives
+aborts with ``status_code`` 500 inside an HTTP 200 stream. An error inside a stream is a
+``data: {"error": {...}}`` event followed by ``[DONE]``. While paused (``/pause_generation``) or
+released (``/release_memory_occupation``) a new ``/generate`` waits, as SGLang's tokenizer does,
+instead of answering. ``/abort_request {rid}`` matches the exact rid (SGLang's tokenizer drops an
+unknown one). ``/health`` runs a generation (SGLang sleeps 1 s before checking it: the fake waits
+``health_delay_s``); ``/ping`` is the flag check. ``/model_info`` reports ``weight_version``.
+``/pd_role_switch`` needs ``--enable-pd-role-switch``, a transfer backend whose KV manager supports
+it (mooncake, mori), an idle server, and for a switch to decode ``decode_cuda_graph_memory_gb``;
+otherwise it answers 400 ``{success: false, message, safe_to_restore: true}``.
 """
 
 from __future__ import annotations
@@ -85,9 +95,15 @@ class FakeSglang:
     model_path: str = "fake-model"
     enable_role_switch: bool = False
     enable_memory_saver: bool = True
+    transfer_backend: str = "mooncake"
+    incremental: bool = False
+    health_delay_s: float = 1.0
+    #: refuses every role switch as SGLang does after a failed one (``_pd_role_switch_unhealthy``)
+    role_switch_unhealthy: bool = False
     weight_version: str = "default"
     seed: int = 0
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = generation may run
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)  # set on continue / resume memory
     released: bool = False
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     rooms: dict[int, str] = field(default_factory=dict)
@@ -114,8 +130,9 @@ class FakeSglang:
         r.add_post("/flush_cache", self.flush_cache)
         r.add_post("/pd_role_switch", self.pd_role_switch)
         r.add_get("/health", self.health)
-        r.add_get("/get_server_info", self.server_info)
-        r.add_get("/get_weight_version", self.get_weight_version)
+        r.add_get("/ping", self.ping)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/model_info", self.model_info)
         self.port = await self._serve(app, self.port)
         if self.mode == "prefill" or self.enable_role_switch:
             boot = web.Application()
@@ -139,6 +156,14 @@ class FakeSglang:
 
     # ------------------------------------------------------------------ routes
     async def health(self, _: web.Request) -> web.Response:
+        """SGLang's ``/health`` generates one token and looks for an answer after 1 s; a paused or
+        released server never answers within its wait."""
+        await asyncio.sleep(self.health_delay_s)
+        if not self.paused.is_set() or self.released:
+            return web.Response(status=503)
+        return web.Response(text="")
+
+    async def ping(self, _: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def server_info(self, _: web.Request) -> web.Response:
@@ -146,17 +171,18 @@ class FakeSglang:
                                   "disaggregation_bootstrap_port": self.bootstrap_port,
                                   "weight_version": self.weight_version, "version": "0.5.23-fake"})
 
-    async def get_weight_version(self, _: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.weight_version})
+    async def model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model_path, "weight_version": self.weight_version,
+                                  "disaggregation_mode": self.mode, "is_generation": True})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         ids = body.get("input_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             return web.json_response({"error": {"message": "input_ids must be a non-empty list of ints"}}, status=400)
-        if self.released:
-            return web.json_response({"error": {"message": "memory released; call /resume_memory_occupation"}},
-                                     status=503)
+        while self.released or not self.paused.is_set():  # SGLang's tokenizer waits on its pause condition
+            self.resumed.clear()
+            await self.resumed.wait()
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         stops = set(sp.get("stop_token_ids") or [])
@@ -174,7 +200,10 @@ class FakeSglang:
             if self.mode == "decode":
                 err = await self._pull_kv(body, ids)
                 if err:
-                    return web.json_response({"error": {"message": err}}, status=500)
+                    finish = {"type": "abort", "message": err, "status_code": 500, "err_type": None}
+                    if body.get("stream"):
+                        return await self._send_events(request, [self._payload(req, finish, body)])
+                    return web.json_response(self._payload(req, finish, body))
             if body.get("stream"):
                 return await self._generate_stream(request, req, body, max_new, stops)
             finish = await self._decode(req, max_new, stops)
@@ -237,6 +266,14 @@ class FakeSglang:
             if req.out[-1] in stops:
                 return {"type": "stop", "matched": req.out[-1]}
 
+    async def _send_events(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in events:
+            await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
     async def _generate_stream(self, request: web.Request, req: _Req, body: dict[str, Any], max_new: int,
                                stops: set[int]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -247,10 +284,18 @@ class FakeSglang:
             while not task.done():
                 await asyncio.wait({task}, timeout=self.token_delay_s or 0.001)
                 if len(req.out) > sent and not task.done():
+                    await resp.write(f"data: {json.dumps(self._payload(req, None, body, sent))}\n\n".encode())
                     sent = len(req.out)
-                    await resp.write(f"data: {json.dumps(self._payload(req, None, body))}\n\n".encode())
             finish = task.result()
-            await resp.write(f"data: {json.dumps(self._payload(req, finish, body))}\n\n".encode())
+            if finish["type"] == "abort" and self.incremental:
+                # SGLang's abort event repeats the last token and carries every logprob
+                last = self._payload(req, finish, body, max(len(req.out) - 1, 0))
+                if body.get("return_logprob"):
+                    last["meta_info"]["output_token_logprobs"] = self._payload(req, finish, body)["meta_info"][
+                        "output_token_logprobs"]
+            else:
+                last = self._payload(req, finish, body, sent)
+            await resp.write(f"data: {json.dumps(last)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
         finally:
             task.cancel()
@@ -258,14 +303,18 @@ class FakeSglang:
                 await task
         return resp
 
-    def _payload(self, req: _Req, finish: dict[str, Any] | None, body: dict[str, Any]) -> dict[str, Any]:
+    def _payload(self, req: _Req, finish: dict[str, Any] | None, body: dict[str, Any],
+                 sent: int = 0) -> dict[str, Any]:
+        """One reply or event; an incremental stream event carries the tokens from ``sent`` on."""
+        start = sent if self.incremental and body.get("stream") else 0
         meta: dict[str, Any] = {
             "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.out), "cached_tokens": 0, "weight_version": self.weight_version,
         }
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.lps, req.out, strict=True)]
-        return {"text": "", "output_ids": list(req.out), "meta_info": meta}
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.lps[start:], req.out[start:],
+                                                                             strict=True)]
+        return {"text": "", "output_ids": list(req.out[start:]), "meta_info": meta}
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -286,11 +335,12 @@ class FakeSglang:
         if mode == "abort":
             for r in self.reqs.values():
                 r.abort("Abort by pause_generation")
-        return web.json_response({"message": "Generation paused successfully.", "success": True})
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, _: web.Request) -> web.Response:
         self.paused.set()
-        return web.json_response({"message": "Generation continued successfully.", "success": True})
+        self.resumed.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -335,23 +385,41 @@ class FakeSglang:
 
     async def resume_memory(self, _: web.Request) -> web.Response:
         self.released = False
+        self.resumed.set()
         return web.Response(text="")
 
     async def flush_cache(self, _: web.Request) -> web.Response:
         return web.Response(text="Cache flushed.")
 
     async def pd_role_switch(self, request: web.Request) -> web.Response:
-        if not self.enable_role_switch:
-            return web.json_response({"error": {"message": "start the server with --enable-pd-role-switch"}},
-                                     status=404)
         body = await request.json()
         role = body.get("new_role")
+
+        def refuse(message: str) -> web.Response:
+            return web.json_response({"success": False, "message": message, "old_role": self.mode,
+                                      "new_role": role, "safe_to_restore": True}, status=400)
+        if not self.enable_role_switch:
+            return refuse("--enable-pd-role-switch is not set on this instance")
+        if self.role_switch_unhealthy:
+            return web.json_response({"success": False, "message": "instance is unhealthy after a failed role "
+                                      "switch; restart required", "old_role": self.mode, "new_role": role,
+                                      "safe_to_restore": False}, status=400)
         if role not in ("prefill", "decode"):
-            return web.json_response({"success": False, "message": f"bad new_role {role!r}"}, status=400)
+            return refuse(f"invalid new_role={role!r}")
+        if self.mode == "null":
+            return refuse("instance is not running in PD disaggregation mode")
+        if self.transfer_backend not in ("mooncake", "mori"):
+            return refuse(f"transfer backend {self.transfer_backend!r} does not support runtime role switch")
+        if role == self.mode:
+            return web.json_response({"success": True, "message": "already in target role", "old_role": role,
+                                      "new_role": role, "safe_to_restore": False})
         if self.reqs:
-            return web.json_response({"success": False, "message": "instance busy; drain first"}, status=400)
-        self.mode = role
-        return web.json_response({"success": True, "message": f"switched to {role}"})
+            return refuse("instance is not idle; drain all requests before switching")
+        if role == "decode" and body.get("decode_cuda_graph_memory_gb") is None:
+            return refuse("decode_cuda_graph_memory_gb is required before capturing decode graphs")
+        old, self.mode = self.mode, role
+        return web.json_response({"success": True, "message": "ok", "old_role": old, "new_role": role,
+                                  "safe_to_restore": False})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -364,13 +432,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--enable-pd-role-switch", action="store_true")
     ap.add_argument("--token-delay-s", type=float, default=0.002)
     ap.add_argument("--weight-version", default="default")
+    ap.add_argument("--disaggregation-transfer-backend", default="mooncake")
+    ap.add_argument("--incremental-streaming-output", action="store_true")
+    ap.add_argument("--health-delay-s", type=float, default=1.0)
+    ap.add_argument("--role-switch-unhealthy", action="store_true")
     args, _unknown = ap.parse_known_args(argv)
 
     async def run() -> None:
         fake = FakeSglang(host=args.host, port=args.port, mode=args.disaggregation_mode,
                           bootstrap_port=args.disaggregation_bootstrap_port, token_delay_s=args.token_delay_s,
                           model_path=args.model_path, enable_role_switch=args.enable_pd_role_switch,
-                          weight_version=args.weight_version)
+                          weight_version=args.weight_version, transfer_backend=args.disaggregation_transfer_backend,
+                          incremental=args.incremental_streaming_output, health_delay_s=args.health_delay_s,
+                          role_switch_unhealthy=args.role_switch_unhealthy)
         await fake.start()
         print(f"fake sglang listening on {args.host}:{fake.port} mode={fake.mode}", flush=True)
         await asyncio.Event().wait()

@@ -406,14 +406,14 @@ class JournaledEngine:
                                         input_len=len(req.input_ids), finished=finished)
 
     async def _call(self, worker_id: str, req: Any, call: Any) -> Any:
-        from pearl.engines.base import EngineDeadError, FinishReason, KVTransferError
+        from pearl.engines.base import EngineDeadError, EngineProtocolError, FinishReason, KVTransferError
 
         res = self._replayed(worker_id, req)
         if res is not None:
             return res
         try:
             res = await call()
-        except (EngineDeadError, KVTransferError) as e:
+        except (EngineDeadError, KVTransferError, EngineProtocolError) as e:
             self._journal(req, e.partial, False)
             raise
         self._journal(req, res, res.finish_reason is not FinishReason.ABORT)

@@ -72,6 +72,7 @@ from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus, c
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
+    EngineProtocolError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -664,7 +665,7 @@ class PipelineScheduler:
                     res = await self.engine.generate_pd(route.worker, route.decode, req)
                 else:
                     res = await self.engine.generate(route.worker, req)
-            except (EngineDeadError, KVTransferError) as e:
+            except (EngineDeadError, KVTransferError, EngineProtocolError) as e:
                 res = e.partial
                 self.failures.append(f"{req.rid}: {e}")
                 if isinstance(e, EngineDeadError):

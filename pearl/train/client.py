@@ -344,11 +344,19 @@ class TrainerClient:
         """The broadcast layout (``pearl.train.broadcast``), to hand to the receivers."""
         return list((await self._rank0({"cmd": "bcast_layout", "per_tensor": per_tensor}))["layout"])
 
-    async def init_broadcast(self, host: str, port: int, n_receivers: int, backend: str = "gloo") -> float:
-        """Trainer rank 0 hosts the weight group for ``n_receivers`` inference servers, which must
-        join concurrently. Call ``weight_layout`` first. Returns the rendezvous seconds."""
+    async def init_broadcast(self, host: str, port: int, n_receivers: int, backend: str = "gloo",
+                             group_name: str | None = None, load_format: str | None = None) -> float:
+        """Trainer rank 0 hosts the weight group for ``n_receivers`` receiving ranks, which must join
+        concurrently. Call ``weight_layout`` first. Returns the rendezvous seconds.
+
+        For SGLang servers pass their ``group_name`` (``/init_weights_update_group``'s): the group
+        then takes the form of SGLang's ``init_custom_process_group``, and ``n_receivers`` counts
+        every server's TP ranks (``pearl.train.broadcast.sglang_ranks``). ``load_format`` is
+        what the servers are told in ``/update_weights_from_distributed``: None with a per-tensor
+        layout (``weight_layout(per_tensor=True)``), ``"flattened_bucket"`` with the dtype buckets."""
         reply = await self._rank0({"cmd": "bcast_init", "host": host, "port": port,
-                                   "world_size": n_receivers + 1, "backend": backend})
+                                   "world_size": n_receivers + 1, "backend": backend, "group_name": group_name,
+                                   "load_format": load_format})
         return float(reply["init_s"])
 
     async def broadcast(self) -> dict[str, Any]:

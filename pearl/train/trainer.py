@@ -443,7 +443,8 @@ class TrainerRank:
         self._layout = layout_of(self._weights(), _DT[self.spec.snapshot_dtype], per_tensor)
         return {"layout": self._layout}
 
-    def bcast_init(self, host: str, port: int, world_size: int, backend: str) -> dict[str, Any]:
+    def bcast_init(self, host: str, port: int, world_size: int, backend: str, group_name: str | None = None,
+                   load_format: str | None = None) -> dict[str, Any]:
         from pearl.train.broadcast import open_group
 
         if self.rank != 0:
@@ -451,7 +452,7 @@ class TrainerRank:
         t0 = time.perf_counter()
         if self._bcast is not None:
             self._bcast.close()
-        self._bcast = open_group(host, port, 0, world_size, backend)
+        self._bcast = open_group(host, port, 0, world_size, backend, group_name=group_name, load_format=load_format)
         return {"init_s": time.perf_counter() - t0}
 
     def bcast(self) -> dict[str, Any]:
@@ -505,7 +506,7 @@ def serve(rank: TrainerRank, inp: TextIO, out: TextIO) -> None:
                 res = rank.bcast_layout(bool(msg.get("per_tensor", False)))
             elif cmd == "bcast_init":
                 res = rank.bcast_init(msg["host"], int(msg["port"]), int(msg["world_size"]),
-                                      msg.get("backend", "gloo"))
+                                      msg.get("backend", "gloo"), msg.get("group_name"), msg.get("load_format"))
             elif cmd == "bcast":
                 res = rank.bcast()
             elif cmd == "offload":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -19,6 +20,7 @@ from pearl.engines.base import (
     RequestTimings,
     SamplingParams,
     ServerSpec,
+    StreamCutError,
 )
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import LoopClock
@@ -104,6 +106,9 @@ def test_wire_round_trips() -> None:
     kv = KVTransferError("d", "lost", res)
     back = na.error_from_dict(na.error_to_dict(kv))
     assert type(back) is KVTransferError and back.partial == res and str(back) == str(kv)
+    cut = StreamCutError("w", "stream closed before [DONE]", res)
+    back = na.error_from_dict(na.error_to_dict(cut))
+    assert type(back) is StreamCutError and back.partial == res and str(back) == str(cut)
 
 
 @pytest.mark.slow
@@ -281,3 +286,36 @@ async def test_router_pairs_prefill_and_decode_on_one_node_for_engines_without_s
         assert router.pick() is None and router.pick() is None
     warned = [r.getMessage() for r in caplog.records if "share a node" in r.getMessage()]
     assert len(warned) == 1 and "'p0': 'node0'" in warned[0] and "'d1': 'node1'" in warned[0]  # once per change
+
+
+class GatedHealthEngine(SplitPdEngine):
+    """Each ``healthy`` call waits until every worker's probe has started: a sequential health
+    handler never gets past the first one."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__("node0", {})
+        self.n, self.started = n, 0
+        self.all_started = asyncio.Event()
+
+    async def healthy(self, worker_id: str) -> bool:
+        self.started += 1
+        if self.started == self.n:
+            self.all_started.set()
+        await self.all_started.wait()
+        return worker_id != "w3"
+
+
+async def test_health_probes_every_worker_at_once() -> None:
+    eng = GatedHealthEngine(6)
+    agent = na.NodeAgent("node0", 0, eng, TOKEN)  # type: ignore[arg-type]
+    await agent.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = na.AgentClient(agent.url, TOKEN, http)
+            remote = na.RemoteEngine({"node0": client}, node_of=lambda dev: "node0")
+            for i in range(6):
+                await remote.launch(ServerSpec(f"w{i}", (f"n0-g{i}",), Role.DECODE, weights="v0"))
+            health = await asyncio.wait_for(client.health(), 60)
+        assert health["workers"] == {f"w{i}": i != 3 for i in range(6)}
+    finally:
+        await agent.close()

@@ -12,6 +12,7 @@ import signal
 import sys
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,8 @@ def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SglangEngine]:
-    eng = SglangEngine(tmp_path_factory.mktemp("sgl"), fake_settings(delay=0.01, enable_pd_role_switch=True))
+    eng = SglangEngine(tmp_path_factory.mktemp("sgl"), fake_settings(
+        delay=0.01, enable_pd_role_switch=True, transfer_backend="mooncake", decode_cuda_graph_memory_gb=1.0))
     try:
         await asyncio.gather(
             eng.launch(ServerSpec("c", ("0",), Role.COLOCATED, "base-model")),
@@ -145,11 +147,15 @@ async def test_weight_updates_disk_and_distributed(engine: SglangEngine) -> None
 
 
 async def test_release_and_resume_memory(engine: SglangEngine) -> None:
+    """A released server holds a new generate (SGLang's tokenizer waits on its pause condition)
+    and serves it once memory is resumed; the liveness probe stays cheap meanwhile."""
     await engine.release_memory("c")
-    with pytest.raises(EngineError, match="memory released"):
-        await engine.generate("c", req("rel", 4))
+    assert await engine.healthy("c")  # /ping: a flag check, while /health would time out
+    task = asyncio.create_task(engine.generate("c", req("rel", 4)))
+    done, _ = await asyncio.wait({task}, timeout=0.3)
+    assert not done
     await engine.resume_memory("c")
-    assert len((await engine.generate("c", req("rel2", 4))).output_ids) == 4
+    assert len((await task).output_ids) == 4
 
 
 async def test_role_switch_in_place_and_by_relaunch(engine: SglangEngine) -> None:
@@ -268,3 +274,26 @@ async def test_cross_node_pd_runs_each_half_through_its_nodes_agent(tmp_path: Pa
             await a.close()
         for e in engines.values():
             await e.close()
+
+
+async def test_refused_role_switch_falls_back_to_a_relaunch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that refuses ``/pd_role_switch`` (``RoleSwitchError``) is relaunched in the new role;
+    a nixl server, whose KV manager cannot switch, is relaunched without asking."""
+    mc = fake_settings(enable_pd_role_switch=True, transfer_backend="mooncake", decode_cuda_graph_memory_gb=1.0)
+    eng = SglangEngine(tmp_path / "mc", replace(mc, extra_args=(*mc.extra_args, "--role-switch-unhealthy")))
+    nixl = SglangEngine(tmp_path / "nixl", fake_settings(enable_pd_role_switch=True, transfer_backend="nixl",
+                                                         decode_cuda_graph_memory_gb=1.0))
+    try:
+        await asyncio.gather(eng.launch(ServerSpec("d", ("0",), Role.DECODE, "base-model")),
+                             nixl.launch(ServerSpec("n", ("1",), Role.DECODE, "base-model")))
+        pids = eng.server("d").proc.pid, nixl.server("n").proc.pid  # type: ignore[union-attr]
+        assert "--enable-pd-role-switch" not in nixl.server("n").command()
+        with caplog.at_level("WARNING", logger="pearl.engines.sglang"):
+            await eng.set_role("d", Role.PREFILL)
+        await nixl.set_role("n", Role.PREFILL)
+        assert "in-place role switch of d refused, relaunching" in caplog.text and "restart required" in caplog.text
+        assert "role switch of n" not in caplog.text  # nixl: never asked
+        assert (eng.server("d").mode, nixl.server("n").mode) == ("prefill", "prefill")
+        assert eng.server("d").proc.pid != pids[0] and nixl.server("n").proc.pid != pids[1]  # type: ignore[union-attr]
+    finally:
+        await asyncio.gather(eng.close(), nixl.close())

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionSpec
 from pearl.core.state import Role
 from pearl.core.trajectory import TrajectoryStatus
-from pearl.engines.base import ServerSpec
+from pearl.engines.base import FinishReason, ServerSpec, StreamCutError
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
 from pearl.runtime.tracker import RuntimeTracker
@@ -327,3 +328,48 @@ def test_random_evictions_in_every_stage_lose_and_duplicate_nothing() -> None:
         for a, b in zip(base, recs, strict=True):
             assert a.token_ids == b.token_ids
             assert b.response_tokens == 3 * 150
+
+
+class _CutOnce:
+    """The emulated engine, except that its first generation breaks off halfway with a
+    ``StreamCutError`` carrying the half that arrived (a server that broke its protocol)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.cut = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, worker_id, req):
+        res = await self.inner.generate(worker_id, req)
+        if self.cut == 0 and len(res.output_ids) > 1:
+            self.cut = k = len(res.output_ids) // 2
+            part = dataclasses.replace(res, output_ids=res.output_ids[:k], logprobs=res.logprobs[:k],
+                                       finish_reason=FinishReason.ABORT)
+            raise StreamCutError(worker_id, "stream closed before [DONE]", part)
+        return res
+
+
+def test_a_protocol_error_keeps_its_partial_output_and_the_turn_resumes() -> None:
+    async def run(cut: bool):
+        clock = LoopClock()
+        eng = engine(clock)
+        wrapped = _CutOnce(eng) if cut else eng
+        sessions: dict[str, ScriptedSession] = {}
+        pipe = _pipeline(clock, wrapped, sessions, turns=2, response=64)
+        for w in ("w0", "w1"):
+            await eng.launch(ServerSpec(w, (w,), Role.COLOCATED, ""))
+            pipe.admit(w, Role.COLOCATED, 0)
+        recs = await pipe.run_batch(0)
+        await eng.close()
+        return recs, sessions, pipe, wrapped
+
+    base, _, _, _ = run_virtual(run(False))
+    recs, sessions, pipe, wrapped = run_virtual(run(True))
+    assert wrapped.cut == 32 and any("stream closed before [DONE]" in f for f in pipe.failures)
+    turns = [[len(s.token_ids) for s in r.segments if s.trained and s.turn == t] for r in recs for t in (1, 2)]
+    assert turns.count([32, 32]) == 1  # the 32 tokens that arrived are kept; the turn resumed after them
+    assert turns.count([64]) == len(turns) - 1
+    for a, b in zip(base, recs, strict=True):
+        assert a.token_ids == b.token_ids and a.rollout_logprobs == b.rollout_logprobs  # nothing lost
+        _check_record(b, sessions[b.traj_id])

@@ -18,8 +18,12 @@ from pearl.engines.base import (
     GenerateResult,
     KVTransferError,
     RequestTimings,
+    ResponseShapeError,
+    ResponseTooLargeError,
     SamplingParams,
     ServerSpec,
+    StreamCutError,
+    WeightVersionError,
 )
 
 
@@ -90,4 +94,7 @@ def error_from_dict(d: Mapping[str, Any]) -> EngineError:
         return cls(wid, msg, d.get("exit_code"), str(d.get("log_tail", "")), partial)
     if kind == "KVTransferError":
         return KVTransferError(wid, msg, partial)
+    protocol = {c.__name__: c for c in (ResponseShapeError, StreamCutError, ResponseTooLargeError, WeightVersionError)}
+    if isinstance(kind, str) and kind in protocol:
+        return protocol[kind](wid, msg, partial)
     return EngineError(wid, msg)
