@@ -402,9 +402,9 @@ class ElasticScheduler:
         prog = batch_progress(_schedule(segments), t_s)
         if d.target.mode is Mode.DISAGGREGATED:
             div = max(d.target.n_prefill * n_s / max(d.n_workers, 1), 1.0)
-            return sync_stall_s(d.hw, d.wl.prefill_pool_view(), d.batch, prog, div, self.costs.weight_sync_s,
+            return sync_stall_s(d.hw, d.wl, d.batch, prog, div, self.costs.weight_sync_s,
                                 disaggregated=True)
-        return sync_stall_s(d.hw, d.wl.colocated_view(), d.batch, prog, float(n_s), self.costs.weight_sync_s)
+        return sync_stall_s(d.hw, d.wl, d.batch, prog, float(n_s), self.costs.weight_sync_s)
 
     def _pool_schedule(self, d: Decision, trainer_waits: bool) -> tuple[float, list[tuple[float, float, int]]]:
         """``batch_prediction``'s composition of the known pool changes: the composed makespan and

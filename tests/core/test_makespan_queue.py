@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pearl.core.makespan import closed_queue_wait, prefill_service_scv
+from pearl.core.queueing import closed_queue_wait, prefill_service_scv
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from pearl.config import PolicySpec
 from pearl.core.decision import decide
-from pearl.core.makespan import Stages, batch_progress, colocated_makespan, compose_makespan, sticky_pool
+from pearl.core.colocated import colocated_makespan
+from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
@@ -37,7 +38,7 @@ def test_the_decision_carries_the_colocated_curve(prof8b: Prof) -> None:
     d = decide(20, 64, hw, wl, PolicySpec())
     curve = d.colocated_curve
     assert len(curve) == 20 and d.to_dict()["colocated_by_workers"] == list(curve)
-    direct = colocated_makespan(hw, Stages.of(wl), wl, 64, np.array([10.0, 20.0]))
+    direct = colocated_makespan(hw, wl, 64, np.array([10.0, 20.0]))
     # equal up to the fixed point's stopping rule (1e-4 relative, ``makespan._converged``): the
     # iteration stops when every candidate evaluated together has converged
     assert curve[9] == pytest.approx(direct[0], rel=2e-4) and curve[19] == pytest.approx(direct[1], rel=2e-4)

@@ -9,7 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
-from pearl.core.makespan import Stages, sync_stall_s
+from pearl.core.makespan import sync_stall_s
+from pearl.core.stages import stages
+from pearl.core.telemetry import Mode
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
@@ -18,7 +20,7 @@ Prof = tuple[HardwareProfile, WorkloadProfile]
 def _by_hand(hw: HardwareProfile, wl: WorkloadProfile, batch: int, progress: float, div: float,
              pause: float, disaggregated: bool) -> float:
     """The docstring's formula, written out turn group by turn group without numpy."""
-    st = Stages.of(wl)
+    st = stages(wl, Mode.DISAGGREGATED if disaggregated else Mode.COLOCATED)
     weights = [sum(g) for g in st.surv]
     total, acc, s = sum(weights), 0.0, len(weights) - 1
     for i, w in enumerate(weights):
@@ -59,7 +61,7 @@ def test_stall_grows_with_the_pause_and_the_load_per_worker(prof30b: Prof) -> No
 def test_late_sync_meets_fewer_trajectories(prof8b: Prof) -> None:
     """Late in the batch most trajectories have ended: the burst is smaller than mid-batch."""
     hw, wl = prof8b
-    st = Stages.of(wl)
+    st = stages(wl, Mode.COLOCATED)
     assert float(np.min(st.alive)) < 0.5  # the profile's tail thins out
     mid = sync_stall_s(hw, wl, 64, 0.5, 8.0, 0.0)
     end = sync_stall_s(hw, wl, 64, 1.0, 8.0, 0.0)
