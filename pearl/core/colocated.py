@@ -72,11 +72,12 @@ def colocated_makespan(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_w
     m = np.minimum(m, m_cap)
     p = st.prefill(hw)
     ctx = st.x + st.c + st.o / 2.0
+    slopes = hw.decode_slopes(ctx)
     n = m.copy()
-    c_cyc = p + st.o * hw.decode_step_s(n, ctx) + st.e
-    c_cap = m * p + st.o * hw.decode_step_s(m, ctx)
+    c_cyc = p + st.o * hw.decode_step_s(n, ctx, slopes) + st.e
+    c_cap = m * p + st.o * hw.decode_step_s(m, ctx, slopes)
     for rnd in range(ITERATIONS):
-        tau = hw.decode_step_s(1.0 + (m - 1.0) * n / m, ctx)  # the batch a decoding trajectory sees
+        tau = hw.decode_step_s(1.0 + (m - 1.0) * n / m, ctx, slopes)  # the batch a decoding trajectory sees
         u = np.minimum(m * p / c_cyc, U_CAP_COLOCATED)
         d = st.o * tau / (1.0 - u * (m - 1.0) / m)
         w = u * p / (2.0 * (1.0 - u))

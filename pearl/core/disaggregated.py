@@ -100,8 +100,9 @@ def disaggregated_makespan(
     p = st.prefill(hw)
     xfer = hw.transfer_s(st.x + st.c)
     ctx = st.x + st.c + st.o / 2.0
+    slopes = hw.decode_slopes(ctx)
     n = m.copy()
-    c_cyc = p + xfer + st.o * hw.decode_step_s(n, ctx) + st.e
+    c_cyc = p + xfer + st.o * hw.decode_step_s(n, ctx, slopes) + st.e
     prefill_wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
     c_p = bk * p / npf  # B_s P / N_P: the pool at full capacity
     fixed = p + xfer + st.e
@@ -111,7 +112,7 @@ def disaggregated_makespan(
     c_d = c_cyc
     w = np.zeros_like(c_cyc)
     for rnd in range(ITERATIONS):
-        tau = hw.decode_step_s(n, ctx)
+        tau = hw.decode_step_s(n, ctx, slopes)
         d = st.o * tau
         z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
         w = prefill_wait(z)
@@ -150,13 +151,14 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
     stretch = c_cyc / c_lat
     x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
     fixed = hw.prefill_s(x, c) + hw.transfer_s(x + c) + e
-    ctx = x + c + o / 2.0
+    kv, cp = hw.decode_slopes(x + c + o / 2.0)  # (P, K) each
     t = np.zeros((x.shape[0], m_cand), dtype=np.float64)
     # flat (candidate, stage) index of each path's current stage; a path's time only grows, so its
     # stage only advances: s = #{s' : E_s' < t}, clipped to the last stage (whose end reads as +inf)
     fe = front_end.copy()
     fe[:, -1] = np.inf
     fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
+    ef = hw.decode_experts_s(nf) if hw.experts_frac > 0.0 else None  # per (candidate, stage)
     idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
     for k, lv in enumerate(tail.n_live):
         ix, tk = idx[:lv], t[:lv]
@@ -165,8 +167,9 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
             if not adv.any():
                 break
             ix += adv
-        tau = hw.decode_step_s(nf[ix], ctx[:lv, k : k + 1])
-        tk += (wf[ix] + fixed[:lv, k : k + 1] + o[:lv, k : k + 1] * tau) * sf[ix]
+        col = slice(k, k + 1)
+        tau = hw.decode_step_s(nf[ix], None, (kv[:lv, col], cp[:lv, col]), None if ef is None else ef[ix])
+        tk += (wf[ix] + fixed[:lv, col] + o[:lv, col] * tau) * sf[ix]
     by_path = t[tail.rows]
     total = np.zeros(m_cand, dtype=np.float64)
     i = 0

@@ -153,12 +153,18 @@ def _fit_decode(prior: HardwareProfile, out: HardwareProfile, recs: Sequence[Tel
     ratio = [y / prior.decode_step_s(ni, ci) for y, ni, ci in zip(ys, n, ctx, strict=True)]
     med = median(ratio)
     free = [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0
-            and dec[i].mode is not Mode.COLOCATED and prior.decode_memory_s(n[i], ctx[i]) >= prior.decode_compute_s(n[i], ctx[i])]
+            and dec[i].mode is not Mode.COLOCATED and _memory_bound(prior, n[i], ctx[i])]
     sf, sv = _lsq2([xf[i] for i in free], [xv[i] for i in free], [ys[i] for i in free])
     if sf is None or sv is None:
         sf = sv = med
     kf, kv = _blend(sf, alpha), _blend(sv, alpha)
     return replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv, b3=out.b3 * kv)
+
+
+def _memory_bound(hw: HardwareProfile, batch: float, context: float) -> bool:
+    """Whether the decode step at ``(n, L)`` is on the roofline's memory branch."""
+    memory, compute = hw.decode_branches(batch, context)
+    return memory >= compute
 
 
 def _stall_free_decode(hw: HardwareProfile, dec: Sequence[TelemetryRecord], n: Sequence[float]) -> list[float]:

@@ -189,20 +189,31 @@ class HardwareProfile:
         """The memory branch's per-sequence part ``b2 n L`` (KV reads)."""
         return batch * (self.b2 * context)
 
-    def decode_memory_s(self, batch: Num, context: Num) -> Num:
-        """The roofline's memory branch ``b0 + b2 n L + b_e f_E(n)`` (the expert term only for MoE)."""
-        memory = self.b0 + self.decode_var_s(batch, context)
+    def decode_slopes(self, context: Num) -> tuple[Num, Num]:
+        """The per-sequence slopes of the two branches at context ``L``: ``(b2 L, b1 + b3 L)``. A
+        caller that evaluates ``tau`` at many batches and one context computes them once."""
+        return self.b2 * context, self.b1 + self.b3 * context
+
+    def decode_experts_s(self, batch: Num) -> Num:
+        """The memory branch's expert term ``b_e f_E(n)``."""
+        return self.b_e * self.experts_touched(batch)
+
+    def decode_branches(self, batch: Num, context: Num, slopes: tuple[Num, Num] | None = None,
+                        experts: Num | None = None) -> tuple[Num, Num]:
+        """The roofline's ``(memory, compute)`` branches ``(b0 + b2 n L + b_e f_E(n), a0 + n (b1 +
+        b3 L))`` (the expert term only for MoE). ``slopes``: ``decode_slopes(context)`` and
+        ``experts``: ``decode_experts_s(batch)``, where the caller holds them already."""
+        kv, cp = self.decode_slopes(context) if slopes is None else slopes
+        memory = self.b0 + batch * kv
         if self.experts_frac > 0.0:
-            memory = memory + self.b_e * self.experts_touched(batch)
-        return memory
+            memory = memory + (self.decode_experts_s(batch) if experts is None else experts)
+        return memory, self.a0 + batch * cp
 
-    def decode_compute_s(self, batch: Num, context: Num) -> Num:
-        """The roofline's compute branch ``a0 + n (b1 + b3 L)``."""
-        return self.a0 + batch * (self.b1 + self.b3 * context)
-
-    def decode_step_s(self, batch: Num, context: Num) -> Num:
-        """``tau(n, L) = max(b0 + b_e f_E(n) + b2 n L, a0 + n (b1 + b3 L))``."""
-        return _larger(self.decode_memory_s(batch, context), self.decode_compute_s(batch, context))
+    def decode_step_s(self, batch: Num, context: Num, slopes: tuple[Num, Num] | None = None,
+                      experts: Num | None = None) -> Num:
+        """``tau(n, L) = max(b0 + b_e f_E(n) + b2 n L, a0 + n (b1 + b3 L))`` (``decode_branches``)."""
+        memory, compute = self.decode_branches(batch, context, slopes, experts)
+        return _larger(memory, compute)
 
     # transfer --------------------------------------------------------------------------------
     def transfer_s(self, tokens: Num) -> Num:

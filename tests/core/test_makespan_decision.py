@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.config import PolicySpec, RunConfig
-from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, project
 from pearl.core.colocated import colocated_makespan
+from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, project
 from pearl.core.disaggregated import disaggregated_makespan
-from pearl.core.stages import stages
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.stages import stages
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 

@@ -10,9 +10,6 @@ import pytest
 
 from pearl.core.colocated import colocated_makespan
 from pearl.core.disaggregated import disaggregated_makespan
-from pearl.core.stages import stages
-from pearl.core.telemetry import Mode
-from pearl.core.workload import prefill_pool_windows
 from pearl.core.profile import (
     TAIL_WINDOWS,
     HardwareProfile,
@@ -21,6 +18,9 @@ from pearl.core.profile import (
     fit_hardware,
     fit_workload,
 )
+from pearl.core.stages import stages
+from pearl.core.telemetry import Mode
+from pearl.core.workload import prefill_pool_windows
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 

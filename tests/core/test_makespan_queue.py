@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pearl.core.queueing import closed_queue_wait, prefill_service_scv
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.queueing import closed_queue_wait, prefill_service_scv
 
 
 def _repairman_wait(k: int, p: float, z: float) -> float:

@@ -6,9 +6,6 @@ from dataclasses import replace
 import pytest
 
 from pearl.config import RunConfig
-from pearl.core.stages import stages
-from pearl.core.telemetry import Mode
-from pearl.core.workload import colocated_tokens, prefill_pool_tokens, prefill_pool_windows
 from pearl.core.profile import (
     HardwareProfile,
     ProfileError,
@@ -17,6 +14,9 @@ from pearl.core.profile import (
     fit_hardware,
     fit_workload,
 )
+from pearl.core.stages import stages
+from pearl.core.telemetry import Mode
+from pearl.core.workload import colocated_tokens, prefill_pool_tokens, prefill_pool_windows
 
 
 def test_first_principles_coefficients(cfg8b: RunConfig, cfg30b: RunConfig) -> None:
@@ -50,15 +50,15 @@ def test_decode_step_is_a_roofline(which: str, prof8b: tuple[HardwareProfile, Wo
         for n in (1, 4, 9, 16, 64):
             memory = hw.decode_fixed_s(n) + hw.b2 * n * ctx
             assert hw.decode_step_s(n, ctx) == pytest.approx(memory, rel=1e-12)
-            assert hw.decode_compute_s(n, ctx) < memory
+            assert hw.decode_branches(n, ctx)[1] < memory
         # the per-sequence slope of a dense model is the KV read alone (b1 is hidden)
         if which == "8b":
             assert hw.decode_step_s(10, ctx) - hw.decode_step_s(9, ctx) == pytest.approx(hw.b2 * ctx, rel=1e-9)
     # the matmuls bind only for a huge batch of short contexts (above ~1000 tokens the KV read
     # outweighs a sequence's whole compute, at any batch)
     huge, short = 1e5, 100.0
-    assert hw.decode_step_s(huge, short) == pytest.approx(hw.decode_compute_s(huge, short), rel=1e-12)
-    assert hw.decode_compute_s(huge, short) > hw.decode_fixed_s(huge) + hw.decode_var_s(huge, short)
+    assert hw.decode_step_s(huge, short) == pytest.approx(hw.decode_branches(huge, short)[1], rel=1e-12)
+    assert hw.decode_branches(huge, short)[1] > hw.decode_fixed_s(huge) + hw.decode_var_s(huge, short)
     # the vectorised form is the same function
     ns = np.array([[1.0, 3.0, 9.5, 40.0, 1e5]])
     ctxs = np.array([[500.0, 4000.0, 12000.0, 24000.0, 30000.0]])
@@ -122,9 +122,9 @@ def test_compute_bound_records_stay_out_of_the_two_scale_fit(prof8b: tuple[Hardw
     recs = synthetic(hw, 1.0, 1.3, 2.5, 40)
     for i in range(6):  # compute-bound batches, timed at 1.6x the prior's compute branch
         n, ctx, out = 4000.0 + 500 * i, 100.0, 100  # short contexts: the KV read is small
-        assert hw.decode_compute_s(n, ctx) > hw.decode_fixed_s(n) + hw.decode_var_s(n, ctx)
+        assert hw.decode_branches(n, ctx)[1] > hw.decode_fixed_s(n) + hw.decode_var_s(n, ctx)
         recs.append(TelemetryRecord(f"c{i}", 1, 50, 0, out, prefill_s=hw.prefill_s(50, 0),
-                                    decode_s=out * 1.6 * hw.decode_compute_s(n, ctx), decode_concurrency=n,
+                                    decode_s=out * 1.6 * hw.decode_branches(n, ctx)[1], decode_concurrency=n,
                                     env_s=1.0, mode="disaggregated"))
     fit = fit_hardware(hw, recs, alpha=1.0)
     assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)

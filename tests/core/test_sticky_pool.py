@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pearl.config import PolicySpec
-from pearl.core.decision import decide
 from pearl.core.colocated import colocated_makespan
+from pearl.core.decision import decide
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 

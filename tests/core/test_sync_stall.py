@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from pearl.core.makespan import sync_stall_s
+from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.stages import stages
 from pearl.core.telemetry import Mode
-from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 

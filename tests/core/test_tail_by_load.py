@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pearl.config import PolicySpec
-from pearl.core.decision import decide
 from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
+from pearl.core.decision import decide
 from pearl.core.fitting import _blend_tail_by_load, _colocated_load, fit_workload
 from pearl.core.hardware import HardwareProfile
 from pearl.core.telemetry import TelemetryRecord
