@@ -355,7 +355,7 @@ def tail_arrays(windows: tuple[tuple[float, TailPaths], ...]) -> TailArrays | No
     return TailArrays(np.maximum(turns, 0.0), n_live, rows, tuple((wt, len(ps)) for wt, ps in windows))
 
 
-# ------------------------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------------------- distributions
 def _non_increasing(pts: Sequence[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
     """Weighted pool-adjacent-violators fit of ``(x, y, weight)`` sorted by x: the closest
     (least squares) non-increasing y. Returns (xs, fitted ys)."""

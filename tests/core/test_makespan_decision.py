@@ -70,7 +70,7 @@ def test_prefill_capacity_is_checked_over_the_batch(prof8b: Prof) -> None:
 
 
 def test_a_prefill_pool_must_hold_every_running_conversations_prefix(prof8b: Prof) -> None:
-    """Session 13: ``max_s B_s (x_s + c_s) <= N_P H_max``; past it the prefill workers' caches evict
+    """``max_s B_s (x_s + c_s) <= N_P H_max``; past it the prefill workers' caches evict
     prefixes about to be reused, and the re-prefills can collapse the pool (measured: 1P3D on 4
     workers). The bound names itself in the reason; a pool that holds them all is unaffected."""
     hw, wl = prof8b
@@ -202,7 +202,7 @@ def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
 def test_colocated_decode_sees_the_size_biased_batch() -> None:
     """A decoding trajectory shares its iteration with itself and each of the other m - 1
     trajectories of its worker that decode at that moment (probability n / m), so tau is charged
-    at n_s = 1 + (m - 1) n / m, not at the time-average n (makespan.py, session 12). One turn,
+    at n_s = 1 + (m - 1) n / m, not at the time-average n (colocated.py). One turn,
     no prefill, decode cost d1 per sequence in the batch, env e: C = d1 n_s + e, n = m d1 n_s / C."""
     hw = HardwareProfile(a0=0.0, a1=0.0, a2=0.0, b0=0.0, b_e=0.0, b1=0.0, b2=1e-5, g0=0.0, g1=0.0,
                          experts_frac=0.0, kv_capacity_tokens=1e12)

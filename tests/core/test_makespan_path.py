@@ -1,5 +1,6 @@
-"""Session-2 predictor changes: the batch's slowest-trajectory path (reach weights, measured tail
-factor), the stall-free decode fit and the batch-start burst (formulas in pearl/core/makespan.py)."""
+"""The batch's slowest-trajectory path (reach weights, measured tail factor, the slowest observed
+paths of a split), the stall-free decode fit and the batch-start burst (formulas in
+pearl/core/colocated.py, disaggregated.py, stages.py, fitting.py)."""
 
 from __future__ import annotations
 
@@ -132,9 +133,9 @@ def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
 
 
 def test_split_averages_the_slowest_paths_of_recent_windows(prof8b: Prof) -> None:
-    """Session 13: one window's slowest paths are one draw of the batch maximum, so a split's
-    makespan is the EMA over the last ``TAIL_WINDOWS`` windows of the per-window maximum
-    (``profile._blend_tail_windows``)."""
+    """One window's slowest paths are one draw of the batch maximum, so a split's makespan is the
+    EMA over the last ``TAIL_WINDOWS`` windows of the per-window maximum
+    (``fitting.blend_tail_windows``)."""
     hw, wl = prof8b
 
     def window(tag: str) -> list[TelemetryRecord]:

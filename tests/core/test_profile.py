@@ -335,7 +335,7 @@ def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
 
 def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtures_prefill(
         prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
-    """Session 13: a moved colocated turn finds ``moved_hit`` of its prompt cached where it runs
+    """A moved colocated turn finds ``moved_hit`` of its prompt cached where it runs
     (token-weighted over the moved turns), and since ``P(x, c)`` is bilinear the view carries the
     mixture's mean bilinear term: per turn ``P`` of the view is the mean of kept and moved turns'."""
     hw, wl = prof8b
@@ -369,7 +369,7 @@ def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtu
 
 def test_first_window_replaces_the_priors_guesses_and_blends_the_configured_distributions(
         prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
-    """Session 13 (``first_window_alpha``): the cache and router statistics and the hardware
+    """``first_window_alpha``: the cache and router statistics and the hardware
     scales start from the first window; the workload's distributions blend with the prior."""
     _, wl = prof8b
     assert wl.samples == 0

@@ -1,4 +1,4 @@
-"""Session 10: the weight sync after a training step aborts every request in flight and flushes the
+"""The weight sync after a training step aborts every request in flight and flushes the
 prefix caches; ``makespan.sync_stall_s`` is what that adds to the slowest trajectory of the batch
 it lands in (formula in its docstring), and the batch-start prediction adds it."""
 

@@ -1,7 +1,7 @@
-"""Session 9: the tail factor rho = slowest / mean trajectory duration depends on the colocated
-load (trajectories per worker); the profile keeps it per load and the colocated makespan reads it
-at each candidate pool's load (pearl/core/profile.py ``WorkloadProfile.tail_factor_at``), never
-predicting a bigger pool slower (``makespan.colocated_makespan_idle_bound``)."""
+"""The tail factor rho = slowest / mean trajectory duration depends on the colocated load
+(trajectories per worker); the profile keeps it per load and the colocated makespan reads it at
+each candidate pool's load (pearl/core/workload.py ``WorkloadProfile.tail_factor_at``), never
+predicting a bigger pool slower (``colocated.colocated_makespan_idle_bound``)."""
 
 from __future__ import annotations
 
