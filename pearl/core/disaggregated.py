@@ -151,7 +151,8 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
     stretch = c_cyc / c_lat
     x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
     fixed = hw.prefill_s(x, c) + hw.transfer_s(x + c) + e
-    kv, cp = hw.decode_slopes(x + c + o / 2.0)  # (P, K) each
+    ctx = x + c + o / 2.0
+    kv, cp = hw.decode_slopes(ctx)  # (P, K) each
     t = np.zeros((x.shape[0], m_cand), dtype=np.float64)
     # flat (candidate, stage) index of each path's current stage; a path's time only grows, so its
     # stage only advances: s = #{s' : E_s' < t}, clipped to the last stage (whose end reads as +inf)
@@ -168,7 +169,7 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
                 break
             ix += adv
         col = slice(k, k + 1)
-        tau = hw.decode_step_s(nf[ix], None, (kv[:lv, col], cp[:lv, col]), None if ef is None else ef[ix])
+        tau = hw.decode_step_s(nf[ix], ctx[:lv, col], (kv[:lv, col], cp[:lv, col]), None if ef is None else ef[ix])
         tk += (wf[ix] + fixed[:lv, col] + o[:lv, col] * tau) * sf[ix]
     by_path = t[tail.rows]
     total = np.zeros(m_cand, dtype=np.float64)
