@@ -152,13 +152,20 @@ def _fit_decode(prior: HardwareProfile, out: HardwareProfile, recs: Sequence[Tel
     xv = [prior.decode_var_s(ni, ci) for ni, ci in zip(n, ctx, strict=True)]
     ratio = [y / prior.decode_step_s(ni, ci) for y, ni, ci in zip(ys, n, ctx, strict=True)]
     med = median(ratio)
-    free = [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0
-            and dec[i].mode is not Mode.COLOCATED and _memory_bound(prior, n[i], ctx[i])]
+    free = _two_scale_records(prior, dec, n, ctx, ratio, med)
     sf, sv = _lsq2([xf[i] for i in free], [xv[i] for i in free], [ys[i] for i in free])
     if sf is None or sv is None:
         sf = sv = med
     kf, kv = _blend(sf, alpha), _blend(sv, alpha)
     return replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv, b3=out.b3 * kv)
+
+
+def _two_scale_records(prior: HardwareProfile, dec: Sequence[TelemetryRecord], n: Sequence[float],
+                       ctx: Sequence[float], ratio: Sequence[float], med: float) -> list[int]:
+    """The records the two decode scales are fitted on: within 5x of the median ratio,
+    disaggregated (stall-free) and on the prior's memory branch."""
+    return [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0
+            and dec[i].mode is not Mode.COLOCATED and _memory_bound(prior, n[i], ctx[i])]
 
 
 def _memory_bound(hw: HardwareProfile, batch: float, context: float) -> bool:
