@@ -178,8 +178,8 @@ def test_large_budget_is_handled(cfg30b: RunConfig, prof30b: Prof) -> None:
 def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
                                                          prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
     """A prefill worker does not hold the outputs its conversations decoded elsewhere
-    (``WorkloadProfile.prefill_pool_view``): every split is predicted on that view, colocation on
-    the profile as fitted. With a high hit ratio the view prefills more, so the splits are slower."""
+    (``workload.prefill_pool_tokens``): every split is predicted on that view, colocation on the
+    colocated view. With a high hit ratio the pool's view prefills more than the colocated basis."""
     hw, wl = prof8b
     hi = replace(wl, new_tokens=tuple(x + c - 0.95 * (x + c) * (i > 0) for i, (x, c) in
                                       enumerate(zip(wl.new_tokens, wl.cached_tokens, strict=True))),

@@ -1,4 +1,4 @@
-"""The prefill pool's wait: one closed FCFS queue per prefill worker (makespan.closed_queue_wait)."""
+"""The prefill pool's wait: one closed FCFS queue per prefill worker (queueing.closed_queue_wait)."""
 
 from __future__ import annotations
 
