@@ -24,7 +24,8 @@ class TelemetryRecord:
     """One request (one turn of one trajectory) as measured by the engine and the pipeline.
 
     ``mode`` accepts the enum or its value (``"colocated"`` / ``"disaggregated"``, as JSON
-    telemetry carries it) and holds the enum; any other value raises ``ValueError``."""
+    telemetry and the pipeline carry it) and holds the enum after construction; any other value
+    raises ``ValueError``."""
 
     traj_id: str
     turn: int
@@ -37,7 +38,7 @@ class TelemetryRecord:
     decode_s: float = 0.0
     env_s: float = 0.0
     decode_concurrency: float = 1.0
-    mode: Mode = Mode.COLOCATED
+    mode: Mode | str = Mode.COLOCATED
     worker_id: str = ""
     final: bool = False  # the trajectory ended after this turn
     #: the turn was served by a worker other than the one that served the trajectory's previous
