@@ -39,12 +39,15 @@ from pearl.core.stages import F64, pool_turns
 from pearl.core.workload import WorkloadProfile
 
 
+@functools.lru_cache(maxsize=64)
 def prefill_service_scv(hw: HardwareProfile, wl: WorkloadProfile) -> float:
     """Squared coefficient of variation of one prefill's service time over the turn mixture, in
     the prefill pool's view of ``wl`` (``workload.prefill_pool_tokens``)::
 
         c_s^2 = sum_k w_k (P_k - P_bar)^2 / P_bar^2,   P_k = P(x_k, c_k),  w_k = S(k) / sum_j S(j),
         P_bar = sum_k w_k P_k
+
+    (cached per profiles: the decision asks for it at every evaluation between two refits)
     """
     x, c, q, s = pool_turns(wl)
     if s.size == 0 or s.sum() <= 0:
@@ -59,6 +62,7 @@ def prefill_service_scv(hw: HardwareProfile, wl: WorkloadProfile) -> float:
 #: the ratio is clipped (below 1e-3 the queue is saturated, above 1e4 it is empty)
 _RATIO_GRID = np.geomspace(1e-3, 1e4, 1121)
 _LOG_RATIO = np.log(_RATIO_GRID)
+_INV_LOG_STEP = 1.0 / (_LOG_RATIO[1] - _LOG_RATIO[0])
 
 
 def _closed_wait_table(k_max: int, cs2: float) -> F64:
@@ -117,7 +121,7 @@ class ClosedWait:
 
     def __call__(self, z: F64) -> F64:
         """W for think times ``z`` (a zero think time reads as the grid's smallest ratio)."""
-        pos = (np.log(np.maximum(z, 1e-300)) - self.logp) * (1.0 / (_LOG_RATIO[1] - _LOG_RATIO[0]))
+        pos = (np.log(np.maximum(z, 1e-300)) - self.logp) * _INV_LOG_STEP
         pos = np.minimum(np.maximum(pos, 0.0), self.width - 1e-6)
         j = pos.astype(np.intp)  # floor: pos >= 0
         fj = pos - j
