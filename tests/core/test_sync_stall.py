@@ -5,6 +5,7 @@ it lands in (formula in its docstring), and the batch-start prediction adds it."
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -71,3 +72,19 @@ def test_late_sync_meets_fewer_trajectories(prof8b: Prof) -> None:
 def test_negative_pause_and_progress_are_clamped(prof8b: Prof) -> None:
     hw, wl = prof8b
     assert sync_stall_s(hw, wl, 64, -1.0, 8.0, -5.0) == pytest.approx(sync_stall_s(hw, wl, 64, 0.0, 8.0, 0.0))
+
+
+@pytest.mark.parametrize("disaggregated", [False, True])
+def test_stall_reads_the_modes_view_at_its_mean_tokens(prof8b: Prof, disaggregated: bool) -> None:
+    """The stall applies the mode's view (moved turns in the colocated one, the pool's cache in the
+    disaggregated one) and takes P at the group's mean tokens: the colocated view's mixture term
+    ``q`` is not used."""
+    hw, wl = prof8b
+    moved = replace(wl, moved_share=0.3, moved_hit=0.4)
+    assert stages(moved, Mode.COLOCATED).q is not None
+    for progress in (0.2, 0.7):
+        got = sync_stall_s(hw, moved, 64, progress, 8.0, 1.0, disaggregated=disaggregated)
+        assert got == pytest.approx(_by_hand(hw, moved, 64, progress, 8.0, 1.0, disaggregated), rel=1e-12)
+    # the colocated view moves prompt tokens out of the cache: the burst differs from the raw profile's
+    if not disaggregated:
+        assert sync_stall_s(hw, moved, 64, 0.5, 8.0, 0.0) != sync_stall_s(hw, wl, 64, 0.5, 8.0, 0.0)
