@@ -183,11 +183,11 @@ class HardwareProfile:
 
     def decode_fixed_s(self, batch: Num) -> Num:
         """The memory branch's fixed part ``b0 + b_e f_E(n)`` (weights and experts read once)."""
-        return self.b0 + self.b_e * self.experts_touched(batch)
+        return self.b0 + self.decode_experts_s(batch)
 
     def decode_var_s(self, batch: Num, context: Num) -> Num:
         """The memory branch's per-sequence part ``b2 n L`` (KV reads)."""
-        return batch * (self.b2 * context)
+        return batch * self.decode_slopes(context)[0]
 
     def decode_slopes(self, context: Num) -> tuple[Num, Num]:
         """The per-sequence slopes of the two branches at context ``L``: ``(b2 L, b1 + b3 L)``. A
