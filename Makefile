@@ -8,7 +8,7 @@ MODELS := .models
 CONFIG ?= configs/cpu-demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: setup models test test-fast test-soak test-gpu test-gpu-sglang lint typecheck run run-tiny simulate experiments bench \
+.PHONY: setup models test test-fast test-soak test-gpu test-gpu-sglang lint typecheck run run-tiny simulate experiments bench predictor-check \
         reliability swebench-qwen3-8b swebench-qwen3-30b-a3b clean
 
 ## setup: create .venv and install PEARL with vLLM (CPU), dev tools and local models (idempotent)
@@ -74,6 +74,13 @@ experiments: setup
 ## bench: decision + planning latency (and other benchmarks under benchmarks/)
 bench: setup
 	$(BIN)/python benchmarks/bench_decision.py
+
+## predictor-check: the predictor's figure of record: Table 2 (pearl/sim/experiments.py, table2) on
+## 3 paired workload seeds, every allocation of 8/10/12/24/26/28 workers measured in the emulator
+## against the decision engine's choice and predictions (about 3-5 minutes on 2 cores)
+predictor-check: setup
+	$(BIN)/python -m pearl experiments table2 --table2-seeds 3 --out runs/predictor-check --docs ''
+	@cat runs/predictor-check/table2.md
 
 reliability: setup
 	$(BIN)/python -m pearl reliability

@@ -1,4 +1,4 @@
-"""Decision + planning latency at 8 .. 2048 GPUs (issue: < 1 ms at 32, < 20 ms at 2048, one core).
+"""Decision + planning latency at 8 .. 2048 GPUs (goal: < 1 ms at 32, < 20 ms at 2048, one core).
 
 For each budget N: a colocated cluster of N workers (1 GPU each) receives a grant of N/8 more
 GPUs; we time ``decide`` (every candidate's makespan) and ``plan`` (minimal-change plan onto the
@@ -6,12 +6,12 @@ new budget) separately and together, best and median of R repetitions, on one th
 this thread's CPU time (``time.thread_time``): what one core spends, independent of how busy the
 machine is with other processes.
 
-Two profiles (session 13): ``prior`` (``WorkloadProfile.from_spec``, before any telemetry) and
-``fitted``, the shape of a profile after telemetry: a measured tail factor and the slowest paths
-of 4 windows (``profile.TAIL_WINDOWS``) x 4 trajectories (``profile.TAIL_PATHS``) of about the
-turn count the slowest of B trajectories reaches (``S(k) >= 1 / B``), which every P:D candidate runs through its stages
-(``makespan._slowest_path_disagg``). The paths are synthesised from the prior's per-turn means
-(their values do not change the work; their count and length do).
+Two profiles: ``prior`` (``WorkloadProfile.from_spec``, before any telemetry) and ``fitted``, the
+shape of a profile after telemetry: a measured tail factor and the slowest paths of 4 windows
+(``workload.TAIL_WINDOWS``) x 4 trajectories (``workload.TAIL_PATHS``) of about the turn count the
+slowest of B trajectories reaches (``S(k) >= 1 / B``), which every P:D candidate runs through its
+stages (``disaggregated._slowest_path``). The paths are synthesised from the prior's per-turn
+means (their values do not change the work; their count and length do).
 
     python benchmarks/bench_decision.py [--config C] [--reps R] [--json]
 """
@@ -31,9 +31,10 @@ from dataclasses import replace
 
 from pearl.config import load_config
 from pearl.core.decision import Allocation, decide
+from pearl.core.hardware import HardwareProfile
 from pearl.core.planner import plan
-from pearl.core.profile import TAIL_PATHS, TAIL_WINDOWS, HardwareProfile, WorkloadProfile
 from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
+from pearl.core.workload import TAIL_PATHS, TAIL_WINDOWS, PathTurn, WorkloadProfile
 
 
 def timed(fn, reps: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -50,7 +51,7 @@ def fitted_shape(wl: WorkloadProfile, batch: int) -> WorkloadProfile:
     # the slowest trajectories of a batch of B reach about the turn where S(k) falls to 1 / B
     k = max(1, sum(1 for sv in wl.survival if sv >= 1.0 / batch))
     windows = tuple(
-        tuple(tuple((x * f, c, o * f, e) for x, c, o, e in zip(wl.new_tokens, wl.cached_tokens, wl.output_tokens,
+        tuple(tuple(PathTurn(x * f, c, o * f, e) for x, c, o, e in zip(wl.new_tokens, wl.cached_tokens, wl.output_tokens,
                                                                wl.env_s, strict=True))[: max(1, k - j - w)]
               for j, f in enumerate(1.0 + 0.05 * i for i in range(TAIL_PATHS)))
         for w in range(TAIL_WINDOWS))

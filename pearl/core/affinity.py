@@ -6,10 +6,8 @@ turn: that worker's prefix cache holds the conversation, so only the new tokens 
 When the pool grows mid-batch (preemptible GPUs admitted, training GPUs borrowed) the old workers
 keep their trajectories and the new ones stay nearly idle; a fixed load slack (SGLang's
 cache-aware router's balance threshold, ``Router.affinity_slack``) lets that imbalance persist
-(measured, session 3: 64 trajectories on 4 workers growing to 20 -> the old workers keep ~6
-in-flight turns each, the new ones ~2.5; growing 16 -> 32, the new workers served no turn for the
-rest of the batch). The decision below moves a turn when what it saves in decode exceeds what
-it pays in prefill.
+(``makespan.sticky_pool``: the new workers fill only to within the slack of the old ones). The
+decision below moves a turn when what it saves in decode exceeds what it pays in prefill.
 
 One colocated turn with prompt context ``L`` tokens, of which ``c`` are in the preferred worker's
 prefix cache, and ``o`` expected output tokens; the preferred worker has ``n_p`` in-flight
@@ -20,7 +18,7 @@ requests, the least-loaded one ``n_b < n_p``::
     gain   G   = T_s - T_m                      move iff G > 0
 
 with ``P`` the prefill cost and ``tau(n, L)`` one decode iteration of ``n`` sequences of mean
-context ``L`` (``HardwareProfile``: ``P(x, c) = a0 + a1 x + a2 x (c + x / 2)``, ``tau = b0 +
+context ``L`` (``hardware.HardwareProfile``: ``P(x, c) = a0 + a1 x + a2 x (c + x / 2)``, ``tau = b0 +
 b_e f_E(n) + b2 n L`` below the roofline's ridge). For a dense model ``G = o (n_p - n_b) b2 (L + o/2) -
 [P(L, 0) - P(L - c, c)]``: the decode saving grows with the load gap and the turn's length, the
 cost with the cached prefix.
@@ -51,7 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.hardware import HardwareProfile
+from pearl.core.workload import WorkloadProfile
 
 __all__ = ["TurnCost", "effective_slack", "move_gain_s", "turn_cost", "typical_turn"]
 

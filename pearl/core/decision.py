@@ -4,10 +4,15 @@
 
 1. Enumerate colocation on all ``N`` workers and every disaggregated split ``(N_P, N_D)`` with
    ``N_P + N_D = N``, ``N_P >= min_prefill_workers``, ``N_D >= min_decode_workers``. Splits that
-   leave workers idle are not enumerated: in both makespan models the predicted makespan is
-   non-increasing in N_P and in N_D, so an idle worker never helps.
-2. Predict each candidate's batch makespan (``makespan.py``) and mark infeasible splits (prefill
-   capacity, KV memory ``B K_seq <= N_D H_max``).
+   leave workers idle are not enumerated (modelling choice: a split uses the whole budget). A
+   colocated pool may do better on fewer workers where the tail factor grows with the pool
+   (``WorkloadProfile.tail_varies_with_load``); colocation is then predicted as the minimum over
+   every smaller pool (``colocated.colocated_makespan_idle_bound``).
+2. Predict each candidate's batch makespan (``colocated.colocated_makespan``,
+   ``disaggregated.disaggregated_makespan``; each applies its own view of ``wl``) and mark the
+   infeasible splits: prefill capacity ``u_batch <= u_max``, KV memory ``B K_seq <= N_D H_max``
+   and the prefill pool's prefix cache ``max_s B_s (x_s + c_s) <= N_P H_max``
+   (``disaggregated`` module docstring, "Feasibility").
 3. Best = the feasible candidate with the minimum predicted makespan (ties: colocation first, then
    fewer prefill workers: deterministic).
 4. Hysteresis against the current allocation (mode-dependent)::
@@ -23,14 +28,13 @@
 5. Forced switch: if the current (projected) allocation is infeasible, the best feasible candidate
    is taken whatever its saving. If no disaggregated split is feasible, colocation is always
    available (it has no prefill-capacity constraint; KV overflow only queues trajectories).
-
-6. In-flight placement (session 3, optional ``coloc_workers``): on a mid-batch growth the
-   in-flight batch cannot use the whole colocated pool (the router's conversation affinity,
+6. In-flight placement (optional ``coloc_workers``): on a mid-batch growth the in-flight batch
+   cannot use the whole colocated pool (the router's conversation affinity,
    ``makespan.sticky_pool``: ``n_eff = A / min(A / n_p, A / N + s (N - n_p) / N)``), while a P:D
    split's decode workers are chosen by least load. A caller that knows the placement passes
    ``coloc_workers = n_eff`` and colocation is predicted on ``n_eff`` workers; the splits keep
    their fresh-batch prediction (modelling choice: the re-prefill of a mode switch mid-batch is
-   not charged; the mode-switch hysteresis stands for it). Default ``None``: unchanged.
+   not charged; the mode-switch hysteresis stands for it). Default ``None``: the whole pool.
 
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
@@ -42,24 +46,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.makespan import Stages, colocated_makespan, colocated_makespan_idle_bound, disaggregated_makespan
-from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
+from pearl.core.disaggregated import disaggregated_makespan
+from pearl.core.hardware import HardwareProfile
+from pearl.core.telemetry import Mode
+from pearl.core.workload import WorkloadProfile
+
+__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "Mode", "decide", "evaluate",
+           "evaluate_table", "project"]
 
 
 class DecisionError(ValueError):
     """A decision could not be made (e.g. a budget of 0 workers); the message says why."""
-
-
-class Mode(StrEnum):
-    COLOCATED = "colocated"
-    DISAGGREGATED = "disaggregated"
 
 
 class _PolicyLike(Protocol):
@@ -257,9 +261,8 @@ class Decision:
         if self.hw is None or self.wl is None or self.n_workers < 1:
             return ()
         ns = np.arange(1, self.n_workers + 1, dtype=np.float64)
-        wl_c = self.wl.colocated_view()
         # a pool may leave workers idle: the curve never rises (``colocated_makespan_idle_bound``)
-        ms = np.minimum.accumulate(colocated_makespan(self.hw, Stages.of(wl_c), wl_c, self.batch, ns))
+        ms = np.minimum.accumulate(colocated_makespan(self.hw, self.wl, self.batch, ns))
         return tuple(round(float(x), 2) for x in ms)
 
     def to_dict(self) -> dict[str, object]:
@@ -300,18 +303,16 @@ def evaluate_table(
     n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike,
     coloc_workers: float | None = None,
 ) -> CandidateTable:
-    """``coloc_workers``: evaluate colocation on this effective pool instead of ``n_workers`` (an
-    in-flight batch after a mid-batch growth, ``makespan.sticky_pool``; module docstring, 6.)."""
+    """Every candidate for ``n_workers`` as arrays (module docstring, 1.-2.). ``coloc_workers``:
+    evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.)."""
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
-    wl_c = wl.colocated_view()  # colocated turns that moved prefill their whole prompt (profile.py)
-    coloc_fn = colocated_makespan_idle_bound if wl_c.tail_varies_with_load else colocated_makespan
-    coloc = float(coloc_fn(hw, Stages.of(wl_c), wl_c, batch, np.array([n_co], dtype=np.float64))[0])
+    coloc_fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
+    coloc = float(coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
-        wl_p = wl.prefill_pool_view()  # a prefill worker holds the prompts, not the outputs (profile.py)
-        res = disaggregated_makespan(hw, Stages.of(wl_p), wl_p, batch, n_p.astype(np.float64),
-                                     (n_workers - n_p).astype(np.float64), policy.max_prefill_utilization)
+        res = disaggregated_makespan(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
+                                     policy.max_prefill_utilization)
         ms, pok, kok, cok, held = res.makespan_s, res.prefill_ok, res.kv_ok, res.cache_ok, res.cache_demand
     else:
         n_p = np.zeros(0, dtype=np.int64)

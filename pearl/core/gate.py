@@ -26,12 +26,8 @@ Window-bound: the borrowed workers serve ``W - c_a`` seconds at ``r - 1`` extra 
 
 The activation is paid inside the saving, as the ``c_a`` seconds the borrowed workers do not
 serve: what it costs the batch is ``c_a (1 - 1/r)`` seconds (batch-bound) or ``c_a (r - 1)``
-(window-bound), not ``c_a``. Before session 9 the gate charged ``c_a + c_d``, let the borrowed
-workers serve ``R / r`` (as if the batch made no progress during the activation) and took ``c_d``
-off the window too. That over-charged the handoff by ``c_a / r`` when the batch ends first (5.8 s
-at ``r = 1.37``, ``c_a = 8 s``) and by ``c_a + c_d (r - 1)`` when the window closes first. On
-Qwen3-30B-A3B (segments like-10 / like-12) it declined borrows with 25-45 s left that the ungated
-run showed to pay (the gated run counted 2.5 % fewer trajectories). Not modelled, on either side:
+(window-bound), not ``c_a``; the return's ``c_d`` is paid by the training step, not taken off the
+window. Not modelled, on either side:
 the requests that the return interrupts resume with a re-prefill on the dedicated workers (about
 1 s of GPU work each, docs/EXPERIMENTS.md Table 3).
 
@@ -53,11 +49,10 @@ new GPUs only) costs the serving pool nothing: the new workers are staged off th
 (``ClusterRebuilder.stage``) and admitted at once, so only ``T_useful > 0`` and ``r > 1`` gate it.
 Modelling choice: the re-roled worker's downtime is priced at the finalisation EMA ``c_f`` (one
 relaunch and weight load, as finalising a new worker is); the re-prefill of its aborted requests
-(about 1 s of GPU work each, Table 3) is not charged. Before session 11 the gate charged ``c_f``
-as the cost whatever the plan, on top of taking it off ``T_useful``: a double count for a pure
-growth, which declined re-offers of a 2-GPU grant at ``r`` = 1.01-1.016 (Fig. 8, 8K limit).
+(about 1 s of GPU work each, Table 3) is not charged. ``c_f`` is taken off ``T_useful`` and is
+not charged again as a cost for a pure growth (that would count it twice).
 
-Switch gate (session 12; paper Sec. 4.3.2: "cost-aware switching ... suppress transitions with
+Switch gate (paper Sec. 4.3.2: "cost-aware switching ... suppress transitions with
 insufficient expected benefit"). The decision engine's hysteresis compares fresh-batch makespans
 on the budget in force, as if that budget held. When it is known to change soon (lent training
 GPUs leave when the next training step starts; a reclaim notice is due) a mode or ratio switch
@@ -70,12 +65,9 @@ serve after that::
     cost     = c_f * k / n                    the serving pool's stall (pool-seconds / n)
     admit  iff  T_hold infinite (nothing known), or T_useful > 0 and saving > margin * cost
 
-Measured (session 12, Qwen3-8B, paper-matched segment like-12, 8 reserved + 16 borrowed GPUs per
-step): with splits predicted accurately the engine switched colocation -> 6P14D on 20 workers at
-a batch's start (predicted saving 8.5 %, over the 8 % mode threshold) 5 s before the trainer took
-the 16 lent GPUs back, when the projection onto 4 workers (1P3D) was infeasible and forced
-colocation again: two mode switches, each re-roling the reserved workers, for 5 s of the split;
-PEARL trailed RLBoost+ by 0.8 % by whole batches there. Modelling choices: ``T_hold`` is the
+Why: a split chosen on a borrowed pool seconds before the trainer takes the lent GPUs back is
+projected onto the reserved workers, where it can be infeasible and force colocation again: two
+mode switches, each re-roling the serving workers, for seconds of the split. Modelling choices: ``T_hold`` is the
 first known shrink of the budget (a grant's regrowth does not end a switch's payback); a forced
 switch (the current allocation is infeasible on the new budget) is never gated.
 

@@ -270,9 +270,9 @@ def sync_stall(o: PoolOutlook, d: Decision, trainer_waits: bool, segments: tuple
     prog = batch_progress(_schedule(segments), t_s)
     if d.target.mode is Mode.DISAGGREGATED:
         div = max(d.target.n_prefill * n_s / max(d.n_workers, 1), 1.0)
-        return sync_stall_s(d.hw, d.wl.prefill_pool_view(), d.batch, prog, div, o.costs.weight_sync_s,
+        return sync_stall_s(d.hw, d.wl, d.batch, prog, div, o.costs.weight_sync_s,
                             disaggregated=True)
-    return sync_stall_s(d.hw, d.wl.colocated_view(), d.batch, prog, float(n_s), o.costs.weight_sync_s)
+    return sync_stall_s(d.hw, d.wl, d.batch, prog, float(n_s), o.costs.weight_sync_s)
 
 
 def batch_forecast(o: PoolOutlook, trainer_waits: bool) -> float:

@@ -86,8 +86,8 @@ def test_expansion_gate_needs_lifetime_beyond_preparation() -> None:
 
 def test_expansion_gate_pure_growth_costs_the_serving_pool_nothing() -> None:
     """c_f delays only the new workers (it is off T_useful): a growth that re-plans no serving
-    worker is admitted at any speedup once the lifetime covers c_p + c_f. The pre-session-11
-    gate also charged c_f as a cost and declined this (saving 0.9 s <= 14 s)."""
+    worker is admitted at any speedup once the lifetime covers c_p + c_f. Charging c_f as a cost
+    too would decline it (saving 0.9 s <= 14 s)."""
     pol = PolicySpec()
     costs = CostModel(expansion_prep_s=61.0, expansion_final_s=14.0)
     d = expansion_gate(300.0, 297.0, 165.0, costs, pol)  # r = 1.0101, T_useful = 90 s

@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.config import PolicySpec, RunConfig
+from pearl.core.colocated import colocated_makespan
 from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, project
-from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.disaggregated import disaggregated_makespan
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.stages import stages
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 
@@ -20,23 +22,21 @@ Prof = tuple[HardwareProfile, WorkloadProfile]
 def test_more_workers_never_hurt(prof30b: Prof, n: int, batch: int) -> None:
     """Backs the decision engine's choice to enumerate only N_P + N_D = N."""
     hw, wl = prof30b
-    s = Stages.of(wl)
-    co = colocated_makespan(hw, s, wl, batch, np.array([n, n + 1], dtype=float))
+    co = colocated_makespan(hw, wl, batch, np.array([n, n + 1], dtype=float))
     assert co[1] <= co[0] * (1 + 1e-9)
     n_p = np.arange(1, n, dtype=float)
-    base = disaggregated_makespan(hw, s, wl, batch, n_p, n - n_p, 0.95).makespan_s
-    more_p = disaggregated_makespan(hw, s, wl, batch, n_p + 1, n - n_p, 0.95).makespan_s
-    more_d = disaggregated_makespan(hw, s, wl, batch, n_p, n - n_p + 1, 0.95).makespan_s
+    base = disaggregated_makespan(hw, wl, batch, n_p, n - n_p, 0.95).makespan_s
+    more_p = disaggregated_makespan(hw, wl, batch, n_p + 1, n - n_p, 0.95).makespan_s
+    more_d = disaggregated_makespan(hw, wl, batch, n_p, n - n_p + 1, 0.95).makespan_s
     assert np.all(more_p <= base * (1 + 1e-6)) and np.all(more_d <= base * (1 + 1e-6))
 
 
 def test_environment_time_and_batch_raise_makespan(prof8b: Prof) -> None:
     hw, wl = prof8b
-    s = Stages.of(wl)
     slow_env = replace(wl, env_s=tuple(e * 3 for e in wl.env_s))
-    a = colocated_makespan(hw, s, wl, 64, np.array([8.0]))[0]
-    b = colocated_makespan(hw, Stages.of(slow_env), slow_env, 64, np.array([8.0]))[0]
-    c = colocated_makespan(hw, s, wl, 128, np.array([8.0]))[0]
+    a = colocated_makespan(hw, wl, 64, np.array([8.0]))[0]
+    b = colocated_makespan(hw, slow_env, 64, np.array([8.0]))[0]
+    c = colocated_makespan(hw, wl, 128, np.array([8.0]))[0]
     assert b > a and c > a
 
 
@@ -57,28 +57,27 @@ def test_prefill_capacity_is_checked_over_the_batch(prof8b: Prof) -> None:
     """A split is prefill-feasible iff the batch's prefill work over the time its turns take at the
     decode side's pace, u_batch, is within u_max (a stage may run over: its backlog drains later)."""
     hw, wl = prof8b
-    s = Stages.of(wl)
     n_p = np.arange(1, 8, dtype=float)
     for batch in (64, 256):
-        res = disaggregated_makespan(hw, s, wl, batch, n_p, 8 - n_p, 0.95)
+        res = disaggregated_makespan(hw, wl, batch, n_p, 8 - n_p, 0.95)
         assert np.array_equal(res.prefill_ok, res.prefill_util <= 0.95)
-    big = disaggregated_makespan(hw, s, wl, 256, n_p, 8 - n_p, 0.95)
+    big = disaggregated_makespan(hw, wl, 256, n_p, 8 - n_p, 0.95)
     assert not big.prefill_ok[0] and big.prefill_ok[-1]  # 1P7D cannot keep up at B = 256, 7P1D can
     # at B = 64, 1P7D cannot keep up; 3P5D keeps up over the batch with little to spare
-    small = disaggregated_makespan(hw, s, wl, 64, n_p, 8 - n_p, 0.95)
+    small = disaggregated_makespan(hw, wl, 64, n_p, 8 - n_p, 0.95)
     assert not small.prefill_ok[0] and small.prefill_ok[2] and 0.75 < small.prefill_util[2] <= 0.95
     assert np.all(np.diff(small.prefill_util) < 0)  # more prefill workers, less utilised
 
 
 def test_a_prefill_pool_must_hold_every_running_conversations_prefix(prof8b: Prof) -> None:
-    """Session 13: ``max_s B_s (x_s + c_s) <= N_P H_max``; past it the prefill workers' caches evict
+    """``max_s B_s (x_s + c_s) <= N_P H_max``; past it the prefill workers' caches evict
     prefixes about to be reused, and the re-prefills can collapse the pool (measured: 1P3D on 4
     workers). The bound names itself in the reason; a pool that holds them all is unaffected."""
     hw, wl = prof8b
-    s = Stages.of(wl)
+    s = stages(wl, Mode.DISAGGREGATED)
     n_p = np.arange(1, 8, dtype=float)
     for batch in (32, 64, 128):
-        res = disaggregated_makespan(hw, s, wl, batch, n_p, 8 - n_p, 0.95)
+        res = disaggregated_makespan(hw, wl, batch, n_p, 8 - n_p, 0.95)
         demand = float((batch * s.alive * (s.x + s.c)).max())
         assert res.cache_demand == pytest.approx(demand)
         assert np.array_equal(res.cache_ok, demand <= n_p * hw.kv_capacity_tokens)
@@ -179,8 +178,8 @@ def test_large_budget_is_handled(cfg30b: RunConfig, prof30b: Prof) -> None:
 def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
                                                          prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
     """A prefill worker does not hold the outputs its conversations decoded elsewhere
-    (``WorkloadProfile.prefill_pool_view``): every split is predicted on that view, colocation on
-    the profile as fitted. With a high hit ratio the view prefills more, so the splits are slower."""
+    (``workload.prefill_pool_tokens``): every split is predicted on that view, colocation on the
+    colocated view. With a high hit ratio the pool's view prefills more than the colocated basis."""
     hw, wl = prof8b
     hi = replace(wl, new_tokens=tuple(x + c - 0.95 * (x + c) * (i > 0) for i, (x, c) in
                                       enumerate(zip(wl.new_tokens, wl.cached_tokens, strict=True))),
@@ -190,21 +189,20 @@ def test_splits_are_predicted_on_the_prefill_pools_cache(cfg8b: RunConfig,
     cands = evaluate(8, 64, hw, hi, pol)
     splits = [c for c in cands if c.allocation.mode is Mode.DISAGGREGATED]
     n_p = np.array([c.allocation.n_prefill for c in splits], dtype=np.float64)
-    view = hi.prefill_pool_view()
-    want = disaggregated_makespan(hw, Stages.of(view), view, 64, n_p, 8 - n_p, pol.max_prefill_utilization)
-    raw = disaggregated_makespan(hw, Stages.of(hi), hi, 64, n_p, 8 - n_p, pol.max_prefill_utilization)
-    assert [c.makespan_s for c in splits] == pytest.approx(list(want.makespan_s))
-    assert (want.makespan_s > raw.makespan_s).all()
+    want = disaggregated_makespan(hw, hi, 64, n_p, 8 - n_p, pol.max_prefill_utilization)
+    assert [c.makespan_s for c in splits] == [float(v) for v in want.makespan_s]
+    # the pool's view prefills more than the colocated basis (it recomputes the previous output)
+    pool, co = stages(hi, Mode.DISAGGREGATED), stages(hi, Mode.COLOCATED)
+    assert (pool.x >= co.x).all() and (pool.x[0, 1:] > co.x[0, 1:]).all()
+    assert (pool.x + pool.c == pytest.approx(co.x + co.c))
     coloc = next(c for c in cands if c.allocation.mode is Mode.COLOCATED)
-    wl_c = hi.colocated_view()
-    assert coloc.makespan_s == pytest.approx(float(colocated_makespan(hw, Stages.of(wl_c), wl_c, 64,
-                                                                      np.array([8.0]))[0]))
+    assert coloc.makespan_s == float(colocated_makespan(hw, hi, 64, np.array([8.0]))[0])
 
 
 def test_colocated_decode_sees_the_size_biased_batch() -> None:
     """A decoding trajectory shares its iteration with itself and each of the other m - 1
     trajectories of its worker that decode at that moment (probability n / m), so tau is charged
-    at n_s = 1 + (m - 1) n / m, not at the time-average n (makespan.py, session 12). One turn,
+    at n_s = 1 + (m - 1) n / m, not at the time-average n (colocated.py). One turn,
     no prefill, decode cost d1 per sequence in the batch, env e: C = d1 n_s + e, n = m d1 n_s / C."""
     hw = HardwareProfile(a0=0.0, a1=0.0, a2=0.0, b0=0.0, b_e=0.0, b1=0.0, b2=1e-5, g0=0.0, g1=0.0,
                          experts_frac=0.0, kv_capacity_tokens=1e12)
@@ -221,7 +219,7 @@ def test_colocated_decode_sees_the_size_biased_batch() -> None:
         return c
 
     for n_workers, m in ((64, 1.0), (8, 8.0), (4, 16.0)):
-        got = float(colocated_makespan(hw, Stages.of(wl), wl, 64, np.array([float(n_workers)]))[0])
+        got = float(colocated_makespan(hw, wl, 64, np.array([float(n_workers)]))[0])
         assert got == pytest.approx(by_hand(m, True), rel=1e-2)  # ITERATIONS damped rounds, not 500
         if m > 1:  # the time-average batch would be visibly faster
             assert by_hand(m, False) < 0.98 * got

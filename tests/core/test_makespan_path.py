@@ -1,5 +1,6 @@
-"""Session-2 predictor changes: the batch's slowest-trajectory path (reach weights, measured tail
-factor), the stall-free decode fit and the batch-start burst (formulas in pearl/core/makespan.py)."""
+"""The batch's slowest-trajectory path (reach weights, measured tail factor, the slowest observed
+paths of a split), the stall-free decode fit and the batch-start burst (formulas in
+pearl/core/colocated.py, disaggregated.py, stages.py, fitting.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pearl.core.makespan import Stages, colocated_makespan, disaggregated_makespan
+from pearl.core.colocated import colocated_makespan
+from pearl.core.disaggregated import disaggregated_makespan
 from pearl.core.profile import (
     TAIL_WINDOWS,
     HardwareProfile,
@@ -17,6 +19,9 @@ from pearl.core.profile import (
     fit_hardware,
     fit_workload,
 )
+from pearl.core.stages import stages
+from pearl.core.telemetry import Mode
+from pearl.core.workload import prefill_pool_windows
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 
@@ -28,7 +33,7 @@ def _traj(tid: str, turns: int, turn_s: float) -> list[TelemetryRecord]:
 
 def test_reach_weights_count_the_expected_longest_trajectory() -> None:
     wl = WorkloadProfile((1.0, 1.0, 0.5, 0.01), (10.0,) * 4, (0.0,) * 4, (10.0,) * 4, (1.0,) * 4, 100.0)
-    st = Stages.of(wl, stages=4)
+    st = stages(wl, Mode.COLOCATED, 4)
     r = st.reach(64)
     # R_k = 1 - (1 - S_k)^B: turns 1-3 are all but certain with 64 trajectories, the 1 % tail is not
     assert r[0, :3] == pytest.approx([1.0, 1.0, 1.0]) and r[0, 3] == pytest.approx(1 - 0.99 ** 64)
@@ -52,11 +57,11 @@ def test_tail_factor_is_fitted_from_whole_trajectories_and_scales_the_mean_path(
     base = replace(wl, tail_factor=1.0)
     scaled = replace(wl, tail_factor=1.2)
     n = np.array([8.0])
-    a = colocated_makespan(hw, Stages.of(base), base, 64, n)[0]
-    b = colocated_makespan(hw, Stages.of(scaled), scaled, 64, n)[0]
+    a = colocated_makespan(hw, base, 64, n)[0]
+    b = colocated_makespan(hw, scaled, 64, n)[0]
     assert b == pytest.approx(1.2 * a)
-    da = disaggregated_makespan(hw, Stages.of(base), base, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
-    db = disaggregated_makespan(hw, Stages.of(scaled), scaled, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
+    da = disaggregated_makespan(hw, base, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
+    db = disaggregated_makespan(hw, scaled, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0]
     assert db == pytest.approx(1.2 * da)
 
 
@@ -85,8 +90,7 @@ def test_colocation_sees_the_share_of_survivors_on_its_worker(prof8b: Prof) -> N
     """With few survivors, a surviving trajectory still shares its worker (size-biased), so more
     workers than survivors does not make the tail free."""
     hw, wl = prof8b
-    st = Stages.of(wl)
-    few, many = colocated_makespan(hw, st, wl, 64, np.array([8.0, 64.0]))
+    few, many = colocated_makespan(hw, wl, 64, np.array([8.0, 64.0]))
     assert few > many > 0
 
 
@@ -102,7 +106,7 @@ def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
     assert fit_workload(wl, recs[:21]).tail_paths == ()  # too few whole trajectories
 
     def pd(w: WorkloadProfile) -> float:
-        return float(disaggregated_makespan(hw, Stages.of(w), w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
+        return float(disaggregated_makespan(hw, w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
 
     short = ((5000.0, 0.0, 300.0, 1.0),) * 6
     long = ((5000.0, 0.0, 600.0, 1.0),) * 6
@@ -123,15 +127,15 @@ def test_disaggregation_runs_the_slowest_observed_paths(prof8b: Prof) -> None:
     # with paths, the split ignores the colocated tail factor; colocation still scales with it
     assert pd(replace(one, tail_factor=1.5)) == pytest.approx(pd(one))
     n = np.array([8.0])
-    c1 = colocated_makespan(hw, Stages.of(one), one, 64, n)[0]
-    c2 = colocated_makespan(hw, Stages.of(replace(one, tail_factor=1.5)), replace(one, tail_factor=1.5), 64, n)[0]
+    c1 = colocated_makespan(hw, one, 64, n)[0]
+    c2 = colocated_makespan(hw, replace(one, tail_factor=1.5), 64, n)[0]
     assert c2 > c1
 
 
 def test_split_averages_the_slowest_paths_of_recent_windows(prof8b: Prof) -> None:
-    """Session 13: one window's slowest paths are one draw of the batch maximum, so a split's
-    makespan is the EMA over the last ``TAIL_WINDOWS`` windows of the per-window maximum
-    (``profile._blend_tail_windows``)."""
+    """One window's slowest paths are one draw of the batch maximum, so a split's makespan is the
+    EMA over the last ``TAIL_WINDOWS`` windows of the per-window maximum
+    (``fitting.blend_tail_windows``)."""
     hw, wl = prof8b
 
     def window(tag: str) -> list[TelemetryRecord]:
@@ -150,7 +154,7 @@ def test_split_averages_the_slowest_paths_of_recent_windows(prof8b: Prof) -> Non
     assert fit_workload(last, window("g")[:21]).tail_windows() == last.tail_windows()
 
     def pd(w: WorkloadProfile) -> float:
-        return float(disaggregated_makespan(hw, Stages.of(w), w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
+        return float(disaggregated_makespan(hw, w, 64, np.array([3.0]), np.array([5.0]), 0.95).makespan_s[0])
 
     short = ((5000.0, 0.0, 300.0, 1.0),) * 6
     long = ((5000.0, 0.0, 600.0, 1.0),) * 6
@@ -164,5 +168,5 @@ def test_split_averages_the_slowest_paths_of_recent_windows(prof8b: Prof) -> Non
     # weights that do not match the kept windows (a hand-made profile) fall back to the newest window
     assert pd(replace(mixed, tail_weights=())) == pytest.approx(pd(replace(only, tail_paths=(short, brief))))
     # the prefill pool's view restates every kept window
-    v = mixed.prefill_pool_view()
-    assert len(v.tail_history) == 2 and v.tail_weights == mixed.tail_weights
+    v = prefill_pool_windows(mixed)
+    assert [len(ps) for _w, ps in v] == [2, 1, 2] and tuple(w for w, _ps in v) == mixed.tail_weights

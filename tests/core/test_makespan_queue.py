@@ -1,4 +1,4 @@
-"""The prefill pool's wait: one closed FCFS queue per prefill worker (makespan.closed_queue_wait)."""
+"""The prefill pool's wait: one closed FCFS queue per prefill worker (queueing.closed_queue_wait)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pearl.core.makespan import closed_queue_wait, prefill_service_scv
 from pearl.core.profile import HardwareProfile, WorkloadProfile
+from pearl.core.queueing import closed_queue_wait, prefill_service_scv
 
 
 def _repairman_wait(k: int, p: float, z: float) -> float:

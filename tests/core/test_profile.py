@@ -6,7 +6,6 @@ from dataclasses import replace
 import pytest
 
 from pearl.config import RunConfig
-from pearl.core.makespan import Stages
 from pearl.core.profile import (
     HardwareProfile,
     ProfileError,
@@ -15,6 +14,9 @@ from pearl.core.profile import (
     fit_hardware,
     fit_workload,
 )
+from pearl.core.stages import stages
+from pearl.core.telemetry import Mode
+from pearl.core.workload import colocated_tokens, prefill_pool_tokens, prefill_pool_windows
 
 
 def test_first_principles_coefficients(cfg8b: RunConfig, cfg30b: RunConfig) -> None:
@@ -43,26 +45,24 @@ def test_decode_step_is_a_roofline(which: str, prof8b: tuple[HardwareProfile, Wo
     one more sequence adds its KV read, not its compute; far above it the compute binds."""
     import numpy as np
 
-    from pearl.core.makespan import _tau
-
     hw = (prof8b if which == "8b" else prof30b)[0]
     for ctx in (2000.0, 12000.0, 30000.0):
         for n in (1, 4, 9, 16, 64):
             memory = hw.decode_fixed_s(n) + hw.b2 * n * ctx
             assert hw.decode_step_s(n, ctx) == pytest.approx(memory, rel=1e-12)
-            assert hw.decode_compute_s(n, ctx) < memory
+            assert hw.decode_branches(n, ctx)[1] < memory
         # the per-sequence slope of a dense model is the KV read alone (b1 is hidden)
         if which == "8b":
             assert hw.decode_step_s(10, ctx) - hw.decode_step_s(9, ctx) == pytest.approx(hw.b2 * ctx, rel=1e-9)
     # the matmuls bind only for a huge batch of short contexts (above ~1000 tokens the KV read
     # outweighs a sequence's whole compute, at any batch)
     huge, short = 1e5, 100.0
-    assert hw.decode_step_s(huge, short) == pytest.approx(hw.decode_compute_s(huge, short), rel=1e-12)
-    assert hw.decode_compute_s(huge, short) > hw.decode_fixed_s(huge) + hw.decode_var_s(huge, short)
-    # the vectorised form in the makespan model is the same function
+    assert hw.decode_step_s(huge, short) == pytest.approx(hw.decode_branches(huge, short)[1], rel=1e-12)
+    assert hw.decode_branches(huge, short)[1] > hw.decode_fixed_s(huge) + hw.decode_var_s(huge, short)
+    # the vectorised form is the same function
     ns = np.array([[1.0, 3.0, 9.5, 40.0, 1e5]])
     ctxs = np.array([[500.0, 4000.0, 12000.0, 24000.0, 30000.0]])
-    got = _tau(hw, ns, ctxs)[0]
+    got = hw.decode_step_s(ns, ctxs)[0]
     want = [hw.decode_step_s(float(a), float(b)) for a, b in zip(ns[0], ctxs[0], strict=True)]
     assert got == pytest.approx(want, rel=1e-12)
 
@@ -122,9 +122,9 @@ def test_compute_bound_records_stay_out_of_the_two_scale_fit(prof8b: tuple[Hardw
     recs = synthetic(hw, 1.0, 1.3, 2.5, 40)
     for i in range(6):  # compute-bound batches, timed at 1.6x the prior's compute branch
         n, ctx, out = 4000.0 + 500 * i, 100.0, 100  # short contexts: the KV read is small
-        assert hw.decode_compute_s(n, ctx) > hw.decode_fixed_s(n) + hw.decode_var_s(n, ctx)
+        assert hw.decode_branches(n, ctx)[1] > hw.decode_fixed_s(n) + hw.decode_var_s(n, ctx)
         recs.append(TelemetryRecord(f"c{i}", 1, 50, 0, out, prefill_s=hw.prefill_s(50, 0),
-                                    decode_s=out * 1.6 * hw.decode_compute_s(n, ctx), decode_concurrency=n,
+                                    decode_s=out * 1.6 * hw.decode_branches(n, ctx)[1], decode_concurrency=n,
                                     env_s=1.0, mode="disaggregated"))
     fit = fit_hardware(hw, recs, alpha=1.0)
     assert fit.b0 / hw.b0 == pytest.approx(1.3, rel=1e-6)
@@ -232,10 +232,9 @@ def test_colocated_view_charges_moved_turns_their_whole_prompt(prof8b: tuple[Har
                             final=k == 3, moved=t < 3 and k > 1) for t in range(12) for k in (1, 2, 3)]
     fit = fit_workload(wl, recs, alpha=1.0)
     assert fit.moved_share == pytest.approx(3 / 12)
-    view = fit.colocated_view()
-    assert view.cached_tokens[1] == pytest.approx(0.75 * 800) and view.new_tokens[1] == pytest.approx(2000 - 600)
-    assert view.moved_share == 0.0 and view.colocated_view() == view
-    assert [a + b for a, b in zip(view.new_tokens, view.cached_tokens, strict=True)] == pytest.approx(
+    view = colocated_tokens(fit)
+    assert view.cached[1] == pytest.approx(0.75 * 800) and view.new[1] == pytest.approx(2000 - 600)
+    assert [a + b for a, b in zip(view.new, view.cached, strict=True)] == pytest.approx(
         [a + b for a, b in zip(fit.new_tokens, fit.cached_tokens, strict=True)])  # the prompt is the same; only the cached part moves
     # PD records say nothing about colocated moves: the share is kept
     pd = [replace(r, mode="disaggregated", moved=False) for r in recs]
@@ -283,16 +282,18 @@ def test_prefill_pool_view_holds_the_prompts_not_the_outputs(h: float) -> None:
     reuse it finds h of the previous prompt. The prompt itself is unchanged, turn 1 too."""
     o, obs = 500.0, 300.0
     wl = _ideal_profile(h, o=o, obs=obs)
-    v = wl.prefill_pool_view()
+    v = prefill_pool_tokens(wl)
     prompt = [x + c for x, c in zip(wl.new_tokens, wl.cached_tokens, strict=True)]
-    assert [x + c for x, c in zip(v.new_tokens, v.cached_tokens, strict=True)] == pytest.approx(prompt)
-    assert (v.new_tokens[0], v.cached_tokens[0]) == (wl.new_tokens[0], wl.cached_tokens[0])
+    assert [x + c for x, c in zip(v.new, v.cached, strict=True)] == pytest.approx(prompt)
+    assert (v.new[0], v.cached[0]) == (wl.new_tokens[0], wl.cached_tokens[0]) and v.quad is None
     for k in range(2, len(prompt) + 1):
-        assert v.cached_tokens[k - 1] == pytest.approx(h * prompt[k - 2])
+        assert v.cached[k - 1] == pytest.approx(h * prompt[k - 2])
         if h == 1.0:
-            assert v.new_tokens[k - 1] == pytest.approx(o + obs)
+            assert v.new[k - 1] == pytest.approx(o + obs)
     # the slowest paths are restated turn by turn from their own previous turn
-    for path, vpath in zip(wl.tail_paths, v.tail_paths, strict=True):
+    ((weight, vpaths),) = prefill_pool_windows(wl)
+    assert weight == 1.0
+    for path, vpath in zip(wl.tail_paths, vpaths, strict=True):
         assert len(vpath) == len(path) and vpath[0] == path[0]
         for j in range(1, len(path)):
             assert vpath[j][1] == pytest.approx(h * (path[j - 1][0] + path[j - 1][1]))
@@ -300,7 +301,8 @@ def test_prefill_pool_view_holds_the_prompts_not_the_outputs(h: float) -> None:
             assert vpath[j][2:] == path[j][2:]
     # nothing cached: nothing to restate
     none = replace(wl, new_tokens=tuple(prompt), cached_tokens=(0.0,) * len(prompt), tail_paths=())
-    assert none.prefill_pool_view() == none
+    assert prefill_pool_tokens(none) == (none.new_tokens, none.cached_tokens, None)
+    assert prefill_pool_windows(none) == ()
 
 
 def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
@@ -320,9 +322,9 @@ def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
     fit = fit_workload(prior, recs, alpha=1.0)
     assert fit.cached_tokens[1] == pytest.approx(h * (sys_p + o), abs=1)
     assert fit.cached_tokens[2] == pytest.approx(h * (sys_p + o + obs + o), abs=1)
-    back = fit.prefill_pool_view()
-    assert back.cached_tokens[1] == pytest.approx(h * sys_p, abs=1)
-    assert back.cached_tokens[2] == pytest.approx(h * (sys_p + o + obs), abs=1)
+    back = prefill_pool_tokens(fit)
+    assert back.cached[1] == pytest.approx(h * sys_p, abs=1)
+    assert back.cached[2] == pytest.approx(h * (sys_p + o + obs), abs=1)
     # the same turns served colocated are taken as measured
     coloc = fit_workload(prior, [replace(r, mode="colocated") for r in recs], alpha=1.0)
     assert coloc.cached_tokens[1] == pytest.approx(h * sys_p, abs=1)
@@ -333,7 +335,7 @@ def test_fit_restates_turns_served_disaggregated_on_the_colocated_basis(
 
 def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtures_prefill(
         prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
-    """Session 13: a moved colocated turn finds ``moved_hit`` of its prompt cached where it runs
+    """A moved colocated turn finds ``moved_hit`` of its prompt cached where it runs
     (token-weighted over the moved turns), and since ``P(x, c)`` is bilinear the view carries the
     mixture's mean bilinear term: per turn ``P`` of the view is the mean of kept and moved turns'."""
     hw, wl = prof8b
@@ -342,24 +344,23 @@ def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtu
                             env_s=1.0, final=k == 3, moved=t < 3 and k > 1) for t in range(12) for k in (1, 2, 3)]
     fit = fit_workload(wl, recs, alpha=1.0)
     assert fit.moved_share == pytest.approx(3 / 12) and fit.moved_hit == pytest.approx(0.25)
-    view = fit.colocated_view()
-    assert view.moved_hit == 0.0 and view.colocated_view() == view
+    view = colocated_tokens(fit)
     # turn 1 has no earlier worker: the moves are of later turns
-    assert (view.new_tokens[0], view.cached_tokens[0]) == (fit.new_tokens[0], fit.cached_tokens[0])
+    assert (view.new[0], view.cached[0]) == (fit.new_tokens[0], fit.cached_tokens[0])
+    st = stages(fit, Mode.COLOCATED, fit.max_turns)
     for k in (1, 2):  # turns 2 and 3
         x, c = fit.new_tokens[k], fit.cached_tokens[k]
         xm, cm = 0.75 * (x + c), 0.25 * (x + c)
-        assert view.new_tokens[k] + view.cached_tokens[k] == pytest.approx(x + c)
-        assert view.new_tokens[k] == pytest.approx(0.75 * x + 0.25 * xm)
+        assert view.new[k] + view.cached[k] == pytest.approx(x + c)
+        assert view.new[k] == pytest.approx(0.75 * x + 0.25 * xm)
         want = 0.75 * hw.prefill_s(x, c) + 0.25 * hw.prefill_s(xm, cm)
-        st = Stages.of(view, stages=view.max_turns)
         assert float(st.prefill(hw)[0, k]) == pytest.approx(want)
         # the mean tokens alone would charge more: the bilinear term is convex in the moved share
-        assert hw.prefill_s(view.new_tokens[k], view.cached_tokens[k]) > want
+        assert hw.prefill_s(view.new[k], view.cached[k]) > want
     # a profile without moves is its own view; without the mixture term P is that of the mean tokens
     plain = replace(fit, moved_share=0.0)
-    assert plain.colocated_view() is plain
-    st = Stages.of(plain, stages=plain.max_turns)
+    assert colocated_tokens(plain) == (plain.new_tokens, plain.cached_tokens, None)
+    st = stages(plain, Mode.COLOCATED, plain.max_turns)
     assert st.q is None and float(st.prefill(hw)[0, 1]) == pytest.approx(hw.prefill_s(plain.new_tokens[1], plain.cached_tokens[1]))
     # the next window blends the share with alpha (a window without moved turns keeps it)
     again = fit_workload(fit, [replace(r, moved=False) for r in recs], alpha=0.5)
@@ -368,7 +369,7 @@ def test_moved_turns_find_the_measured_share_cached_and_the_view_keeps_the_mixtu
 
 def test_first_window_replaces_the_priors_guesses_and_blends_the_configured_distributions(
         prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:
-    """Session 13 (``first_window_alpha``): the cache and router statistics and the hardware
+    """``first_window_alpha``: the cache and router statistics and the hardware
     scales start from the first window; the workload's distributions blend with the prior."""
     _, wl = prof8b
     assert wl.samples == 0

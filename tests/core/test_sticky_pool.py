@@ -1,5 +1,5 @@
-"""Session-3 predictor change: an in-flight batch after a mid-batch pool change (sticky placement
-under the router's affinity slack; formula in pearl/core/makespan.py, ``sticky_pool``)."""
+"""An in-flight batch after a mid-batch pool change (sticky placement under the router's affinity
+slack; formula in pearl/core/makespan.py, ``sticky_pool``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from pearl.config import PolicySpec
+from pearl.core.colocated import colocated_makespan
 from pearl.core.decision import decide
-from pearl.core.makespan import Stages, batch_progress, colocated_makespan, compose_makespan, sticky_pool
+from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
@@ -37,8 +38,8 @@ def test_the_decision_carries_the_colocated_curve(prof8b: Prof) -> None:
     d = decide(20, 64, hw, wl, PolicySpec())
     curve = d.colocated_curve
     assert len(curve) == 20 and d.to_dict()["colocated_by_workers"] == list(curve)
-    direct = colocated_makespan(hw, Stages.of(wl), wl, 64, np.array([10.0, 20.0]))
-    # equal up to the fixed point's stopping rule (1e-4 relative, ``makespan._converged``): the
+    direct = colocated_makespan(hw, wl, 64, np.array([10.0, 20.0]))
+    # equal up to the fixed point's stopping rule (1e-4 relative, ``stages.converged``): the
     # iteration stops when every candidate evaluated together has converged
     assert curve[9] == pytest.approx(direct[0], rel=2e-4) and curve[19] == pytest.approx(direct[1], rel=2e-4)
     assert all(a >= b for a, b in itertools.pairwise(curve))  # more workers never hurt

@@ -1,7 +1,7 @@
-"""Session 9: the tail factor rho = slowest / mean trajectory duration depends on the colocated
-load (trajectories per worker); the profile keeps it per load and the colocated makespan reads it
-at each candidate pool's load (pearl/core/profile.py ``WorkloadProfile.tail_factor_at``), never
-predicting a bigger pool slower (``makespan.colocated_makespan_idle_bound``)."""
+"""The tail factor rho = slowest / mean trajectory duration depends on the colocated load
+(trajectories per worker); the profile keeps it per load and the colocated makespan reads it at
+each candidate pool's load (pearl/core/workload.py ``WorkloadProfile.tail_factor_at``), never
+predicting a bigger pool slower (``colocated.colocated_makespan_idle_bound``)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,12 @@ import numpy as np
 import pytest
 
 from pearl.config import PolicySpec
+from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
 from pearl.core.decision import decide
-from pearl.core.makespan import Stages, colocated_makespan, colocated_makespan_idle_bound
-from pearl.core.profile import (
-    HardwareProfile,
-    TelemetryRecord,
-    WorkloadProfile,
-    _blend_tail_by_load,
-    _colocated_load,
-    _non_increasing,
-    fit_workload,
-)
+from pearl.core.fitting import _blend_tail_by_load, _colocated_load, fit_workload
+from pearl.core.hardware import HardwareProfile
+from pearl.core.telemetry import TelemetryRecord
+from pearl.core.workload import WorkloadProfile, _non_increasing
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
 
@@ -109,9 +104,9 @@ def test_fit_records_rho_at_the_window_load_and_the_makespan_reads_it_per_pool(p
     # colocation on 16 workers (m0 = 4) takes rho16, on 4 workers rho4: the per-pool ratio of the
     # makespans carries the two measured factors, not one shared one
     n = np.array([4.0, 16.0])
-    m = colocated_makespan(hw, Stages.of(p), p, 64, n)
+    m = colocated_makespan(hw, p, 64, n)
     flat = replace(p, tail_by_load=(), tail_factor=1.0)
-    m1 = colocated_makespan(hw, Stages.of(flat), flat, 64, n)
+    m1 = colocated_makespan(hw, flat, 64, n)
     assert m / m1 == pytest.approx([rho4, rho16])
     assert all(math.isfinite(v) for v in m)
 
@@ -122,12 +117,10 @@ def test_a_bigger_colocated_pool_is_never_predicted_slower(prof8b: Prof) -> None
     decision's colocated prediction and curve non-increasing, and leaves decreasing parts alone."""
     hw, wl = prof8b
     steep = replace(wl, tail_factor=1.2, tail_by_load=((0, 0.0, 2.0, 5), (8, 4.0, 1.05, 5)))
-    wl_c = steep.colocated_view()
-    st = Stages.of(wl_c)
     ns = np.arange(1.0, 65.0)
-    raw = colocated_makespan(hw, st, wl_c, 64, ns)
+    raw = colocated_makespan(hw, steep, 64, ns)
     assert np.any(np.diff(raw) > 0)  # the table alone does make a bigger pool slower somewhere
-    bound = colocated_makespan_idle_bound(hw, st, wl_c, 64, ns)
+    bound = colocated_makespan_idle_bound(hw, steep, 64, ns)
     assert np.all(np.diff(bound) <= 1e-9) and np.all(bound <= raw + 1e-9)
     first_rise = int(np.argmax(np.diff(raw) > 0))
     assert bound[: first_rise + 1] == pytest.approx(raw[: first_rise + 1])

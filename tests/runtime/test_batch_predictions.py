@@ -138,9 +138,9 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         assert t_sync < pools
         prog = batch_progress(schedule, t_sync)
         if d.target.mode.value == "colocated":
-            stall = sync_stall_s(d.hw, d.wl.colocated_view(), d.batch, prog, 2.0, el.costs.weight_sync_s)
+            stall = sync_stall_s(d.hw, d.wl, d.batch, prog, 2.0, el.costs.weight_sync_s)
         else:  # its prefill pool, shrunk in proportion to the 2 of 4 workers left
-            stall = sync_stall_s(d.hw, d.wl.prefill_pool_view(), d.batch, prog, max(d.target.n_prefill * 2 / 4, 1.0),
+            stall = sync_stall_s(d.hw, d.wl, d.batch, prog, max(d.target.n_prefill * 2 / 4, 1.0),
                                  el.costs.weight_sync_s, disaggregated=True)
         no_wait = el.batch_forecast(trainer_waits=False)
         await ctl.stop()

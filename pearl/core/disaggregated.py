@@ -1,0 +1,180 @@
+"""The disaggregated makespan: ``N_P`` prefill workers and ``N_D`` decode workers (a P:D split).
+
+The split reads the prefill pool's view of the profile (``workload.prefill_pool_tokens``: a
+prefill worker holds the prompts it prefilled, not the outputs decoded elsewhere). Per turn group
+``s`` (``stages.Stages``), ``m = max(B_s / N_D, 1)`` trajectories per decode worker, ``m_P = B_s /
+N_P`` per prefill worker, ``P = P(x_s, c_s)``, ``X = X(x_s + c_s)`` (the whole context moves: the
+decode worker needs every KV entry of the prompt), ``L = x + c + o / 2``; damped fixed point in
+``n`` and ``C`` (``stages.ITERATIONS`` rounds at most)::
+
+    W      = W_closed(m_P, P, Z, c_s^2)        wait in one prefill worker's queue (``queueing``)
+    Z      = max(C - W - P, X + D + e)         the rest of a trajectory's cycle
+    D      = o tau(n, L)                       decode runs alone: no interference
+    C_lat  = W + P + X + D + e                 prefill path (with the transfer) + decode + env
+    C_P    = B_s P / N_P                       the prefill pool at full capacity
+    C_D    = (m o / n) tau(n, L)               the decode pool's throughput bound
+    C      = max(C_lat, C_P, C_D)
+    n      = clip(m D / C, 1, m)
+
+Batch start: every trajectory submits its first prompt at once, ``B / N_P`` per prefill worker::
+
+    W_start = max(B / N_P - 1, 0) P_1 / 2
+
+The makespan. While the profile holds no slowest paths, the stage sum of ``stages.Stages.path``::
+
+    M_PD = f (sum_s w_s C_s + W_start)         (f = rho with a measured tail factor, else 1)
+
+Once it holds the slowest observed trajectories ``j`` of the last windows (``tail_paths``,
+``tail_history``; restated for the prefill pool, ``workload.prefill_pool_windows``), each path runs
+through the split's per-stage state and ``W_start`` is added once::
+
+    M_PD = sum_w omega_w max_{j in w} sum_{k <= K_j} T_jk + W_start
+    T_jk = (W_s + P(x_jk, c_jk) + X(x_jk + c_jk) + o_jk tau(n_s, L_jk) + e_jk) C_s / C_lat,s
+
+with ``omega_w`` the windows' EMA weights (``WorkloadProfile.tail_windows``) and ``s = s(t_jk)``
+the stage the batch front is in when turn k *starts*, ``t_jk = sum_{i<k} T_ji``: the first stage
+whose end ``E_s = sum_{s' <= s} T_s' C_s'`` is at or after ``t_jk`` (the last stage past the
+front's end). A slow path lags the batch, so its late turns run with fewer trajectories left than
+the turn number says. ``C_s / C_lat,s`` stretches a turn when a throughput bound sets the cycle.
+
+Feasibility (``DisaggResult``):
+
+* prefill capacity over the batch, against the decode side's pace::
+
+      u_batch = sum_s T_s B_s P_s / (N_P sum_s T_s max(C_lat, C_D)_s) <= u_max
+
+  (a transient overload in mid-batch stages builds a backlog the slack stages drain, and what it
+  costs is already in the makespan, whose cycle is bounded below by ``C_P``; a pool that cannot
+  keep up over the batch stays out);
+* KV memory: ``B K_seq <= N_D H_max``;
+* the prefill pool holds every running conversation's prefix: ``max_s B_s (x_s + c_s) <= N_P
+  H_max`` (past it, an LRU prefix cache evicts prefixes about to be reused, each miss re-prefills a
+  whole prompt on the pool, and the queue collapses: a risk a mean-value makespan does not
+  predict, so it is a bound, not a term).
+
+Modelling choices: one closed FCFS queue per prefill worker, the whole context transferred per
+turn, ``u_max`` = ``policy.max_prefill_utilization``, the slowest ``profile.TAIL_PATHS`` paths of
+each of ``TAIL_WINDOWS`` windows. Measure with ``make predictor-check``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pearl.core.hardware import HardwareProfile
+from pearl.core.queueing import ClosedWait, prefill_service_scv
+from pearl.core.stages import F64, ITERATIONS, Stages, converged, pool_tail, stages
+from pearl.core.telemetry import Mode
+from pearl.core.workload import TailArrays, WorkloadProfile
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggResult:
+    """Per candidate (shape (M,)): the predicted makespan and the feasibility bounds (module
+    docstring)."""
+
+    makespan_s: F64
+    prefill_ok: npt.NDArray[np.bool_]
+    kv_ok: npt.NDArray[np.bool_]
+    #: ``u_batch`` of each candidate; ``prefill_ok = u_batch <= u_max``
+    prefill_util: F64
+    #: the prefill pool holds every running conversation's prefix
+    cache_ok: npt.NDArray[np.bool_]
+    #: ``max_s B_s (x_s + c_s)``: the prefix tokens the prefill pool must hold at the fullest stage
+    cache_demand: float
+
+
+def disaggregated_makespan(
+    hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_prefill: F64, n_decode: F64, u_max: float
+) -> DisaggResult:
+    """Predicted makespan (s) and feasibility for each (N_P, N_D) pair (shape (M,)); applies the
+    prefill pool's view of ``wl`` (module docstring)."""
+    st = stages(wl, Mode.DISAGGREGATED)
+    npf = n_prefill.reshape(-1, 1).astype(np.float64)
+    nd = n_decode.reshape(-1, 1).astype(np.float64)
+    bk = batch * st.alive
+    m = np.maximum(bk / nd, 1.0)
+    p = st.prefill(hw)
+    xfer = hw.transfer_s(st.x + st.c)
+    ctx = st.x + st.c + st.o / 2.0
+    slopes = hw.decode_slopes(ctx)
+    n = m.copy()
+    c_cyc = p + xfer + st.o * hw.decode_step_s(n, ctx, slopes) + st.e
+    prefill_wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
+    c_p = bk * p / npf  # B_s P / N_P: the pool at full capacity
+    fixed = p + xfer + st.e
+    rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode
+    m_o = m * st.o
+    c_lat = c_cyc
+    c_d = c_cyc
+    w = np.zeros_like(c_cyc)
+    for rnd in range(ITERATIONS):
+        tau = hw.decode_step_s(n, ctx, slopes)
+        d = st.o * tau
+        z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
+        w = prefill_wait(z)
+        c_lat = w + fixed + d
+        c_d = m_o * tau / n
+        prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
+        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        if rnd > 0 and converged(prev, c_cyc):
+            break
+    kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
+    held = float((bk * (st.x + st.c)).max())  # max_s B_s (x_s + c_s): the prefixes the prefill pool holds
+    cache_ok = held <= npf[:, 0] * hw.kv_capacity_tokens
+    start = np.maximum(batch / npf[:, 0] - 1.0, 0.0) * st.first_prefill(hw) / 2.0
+    total: F64
+    tail = pool_tail(wl)
+    if tail is not None and st.turns.size:
+        total = _slowest_path(hw, st, tail, w, n, c_lat, c_cyc) + start
+    else:
+        weights, factor = st.path(wl, batch)
+        total = factor * ((weights * c_cyc).sum(axis=1) + start)
+    u_batch = (st.turns * bk * p).sum(axis=1) / (npf[:, 0] * (st.turns * np.maximum(c_lat, c_d)).sum(axis=1))
+    prefill_ok = u_batch <= u_max
+    return DisaggResult(total, prefill_ok, kv_ok, u_batch, cache_ok, held)
+
+
+def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
+                  w: F64, n: F64, c_lat: F64, c_cyc: F64) -> F64:
+    """``sum_w omega_w max_{j in w} sum_k T_jk`` over the kept windows' slowest trajectories ``j``
+    (module docstring), per candidate; ``w``, ``n``, ``c_lat``, ``c_cyc`` are the per-stage states,
+    shape (M, S). Every path of every window advances together: arrays (paths, candidates),
+    longest path first (``workload.TailArrays``), so that turn k updates the leading rows still on
+    their paths."""
+    m_cand, n_stages = w.shape
+    rows = np.arange(m_cand)
+    front_end = np.cumsum(st.turns * c_cyc, axis=1)  # E_s, (M, S)
+    stretch = c_cyc / c_lat
+    x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
+    fixed = hw.prefill_s(x, c) + hw.transfer_s(x + c) + e
+    ctx = x + c + o / 2.0
+    kv, cp = hw.decode_slopes(ctx)  # (P, K) each
+    t = np.zeros((x.shape[0], m_cand), dtype=np.float64)
+    # flat (candidate, stage) index of each path's current stage; a path's time only grows, so its
+    # stage only advances: s = #{s' : E_s' < t}, clipped to the last stage (whose end reads as +inf)
+    fe = front_end.copy()
+    fe[:, -1] = np.inf
+    fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
+    ef = hw.decode_experts_s(nf) if hw.experts_frac > 0.0 else None  # per (candidate, stage)
+    idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
+    for k, lv in enumerate(tail.n_live):
+        ix, tk = idx[:lv], t[:lv]
+        for _ in range(n_stages):
+            adv = fe[ix] < tk
+            if not adv.any():
+                break
+            ix += adv
+        col = slice(k, k + 1)
+        tau = hw.decode_step_s(nf[ix], ctx[:lv, col], (kv[:lv, col], cp[:lv, col]), None if ef is None else ef[ix])
+        tk += (wf[ix] + fixed[:lv, col] + o[:lv, col] * tau) * sf[ix]
+    by_path = t[tail.rows]
+    total = np.zeros(m_cand, dtype=np.float64)
+    i = 0
+    for weight, count in tail.windows:
+        total = total + weight * by_path[i : i + count].max(axis=0)
+        i += count
+    return total
