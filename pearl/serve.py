@@ -93,7 +93,12 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
         raise ValueError(f"build_controller builds emulated runs (engine.kind={cfg.engine.kind!r}); "
                          "real engines go through Service")
     sessions = SyntheticSessionFactory(cfg.workload, clock)
-    controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal)
+    # a restart resumes the trainer's policy version: one update per consumed batch (the emulated
+    # trainer keeps no other state), so the pipeline's first batch finds the version it waits for
+    version = journal.trained_batches(cfg.workload.batch_size) if journal is not None else 0
+    controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal,
+                            initial_weights=(version, f"emulated://v{version}") if version else None)
+    controller.train_steps = version
 
     async def take_batch() -> list[TrajectoryRecord]:
         records = await controller.take_batch()
@@ -101,7 +106,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
             on_batch(records, controller.latest_weights()[0])
         return records
 
-    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take_batch, controller.notify, controller.publish)
+    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take_batch, controller.notify, controller.publish,
+                              start_version=version)
     return controller, trainer
 
 
