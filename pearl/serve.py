@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from pearl.admin.app import AdminServer, NodesProvider
+from pearl.admin.app import AdminServer, EventPolicy, NodesProvider
 from pearl.admin.security import AdminSecurityError
 from pearl.config import RunConfig, load_config
 from pearl.core.state import ClusterState
@@ -194,8 +194,10 @@ class Service:
         assert self.controller is not None
         self.controller.pipeline.router.pair_node = self._pd_pair_node
         # the admin server is built first: a bad listen address must fail before any work starts
+        owner = "the GRPO trainer (pearl.train)" if self.real else "the emulated trainer (pearl.sim.trainer)"
+        policy = EventPolicy(training_owner=owner, max_preemptible_gpus=self.cfg.cluster.max_preemptible_gpus)
         self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
-                                 nodes=self._nodes)
+                                 nodes=self._nodes, journal=self.journal, policy=policy)
         if self.real:
             log.info("starting the trainer ranks and the initial inference workers ...")
             await asyncio.gather(self.trainer.start(), self.controller.start())
@@ -207,6 +209,9 @@ class Service:
         else:
             await self.controller.start()
             self.trainer.start()
+        replay = await self.admin.replay()  # journaled grants / notices the controller had not finished
+        if any(replay.values()):
+            log.info("journaled events: %s", replay)
         await self.admin.start()
         self.observer = RunObserver(self.controller, self.clock.now, self.clock.sleep, self.run_dir,
                                     tensorboard=self.cfg.admin.tensorboard, live=self._live, title=self.cfg.name)

@@ -20,12 +20,12 @@ async def post(client: TestClient, path: str, body: object, **headers: str):
 # ------------------------------------------------------------------------------ signals in
 async def test_grant_adds_preemptible_gpus(client: TestClient, control: StateControlPlane) -> None:
     status, body = await post(client, "/v1/events/gpus-granted",
-                              {"gpus": [{"gpu_id": "p9", "node": "node4", "instance_id": "i-09"}]})
+                              {"gpus": [{"gpu_id": "p9", "node": "node2", "instance_id": "i-09"}]})
     assert status == 202
     assert body["applied"] is True and body["kind"] == "gpus_granted" and body["gpu_ids"] == ["p9"]
     assert body["event_id"].startswith("api:")
     gpu = control.state.gpu("p9")
-    assert (gpu.zone.value, gpu.node, gpu.instance_id) == ("preemptible", "node4", "i-09")
+    assert (gpu.zone.value, gpu.node, gpu.instance_id) == ("preemptible", "node2", "i-09")
     assert control.instance_gpus("i-09") == ("p9",)
 
 
