@@ -370,6 +370,8 @@ class AdminSpec(_Strict):
     max_events_per_s: float = Field(default=50.0, gt=0, description="POST rate limit per client (burst: 1 s)")
     max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
     submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
+    read_timeout_s: float = Field(default=30.0, gt=0, description="a request line + headers, or a body, not "
+                                  "received within this many seconds: the connection is closed (408 for a body)")
     agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
     # Added by the service helper: rank 0's agent watcher (pearl/runtime/agent_watch.py)
     agent_health_period_s: float = Field(default=5.0, gt=0, description="seconds between two health polls of each agent")

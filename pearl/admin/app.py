@@ -31,8 +31,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 from pydantic import BaseModel, ValidationError
@@ -131,11 +133,18 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def _read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
+async def _read_model(request: web.Request, model: type[BaseModel], read_timeout_s: float = 30.0) -> BaseModel:
     ctype = request.content_type if request.headers.get("Content-Type") is not None else "application/json"
     if ctype not in _JSON_TYPES and not ctype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {ctype!r}")
-    raw = await request.read()  # aiohttp raises 413 past client_max_size
+    try:
+        async with asyncio.timeout(read_timeout_s):
+            raw = await request.read()  # aiohttp raises 413 past client_max_size
+    except TimeoutError:
+        raise ApiError(408, "request_timeout", f"the body did not arrive within {read_timeout_s} s "
+                       "(admin.read_timeout_s)") from None
+    except (ClientPayloadError, BadHttpMessage, ConnectionError) as e:  # the client broke the upload off
+        raise ApiError(400, "incomplete_body", f"the request body ended early: {type(e).__name__}") from None
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
@@ -414,14 +423,14 @@ class AdminApp:
         return IdempotencyLedger.digest(request.path, m.model_dump_json(exclude={"event_id"}).encode())
 
     async def _grant(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.GpusGrantedIn)
+        m = await _read_model(request, s.GpusGrantedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.GpusGrantedIn)
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus),
                          event_id=self._event_id(key, m.event_id))
         return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
     async def _reclaim(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.ReclaimNoticeIn)
+        m = await _read_model(request, s.ReclaimNoticeIn, self.spec.read_timeout_s)
         assert isinstance(m, s.ReclaimNoticeIn)
         event_id = self._event_id(key, m.event_id)
         now_c, now_w = self._clock_now(), self._wall_now()
@@ -444,25 +453,25 @@ class AdminApp:
                          IdempotencyLedger.digest("notice", m.model_dump_json(exclude={"event_id"}).encode()))
 
     async def _cancel(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.NoticeCancelledIn)
+        m = await _read_model(request, s.NoticeCancelledIn, self.spec.read_timeout_s)
         assert isinstance(m, s.NoticeCancelledIn)
         ev = NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id))
         return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
     async def _training_started(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.TrainingStartedIn)
+        m = await _read_model(request, s.TrainingStartedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingStartedIn)
         ev = TrainingStarted(m.step, event_id=self._event_id(key, m.event_id))
         return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
     async def _training_finished(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.TrainingFinishedIn)
+        m = await _read_model(request, s.TrainingFinishedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingFinishedIn)
         ev = TrainingFinished(m.step, m.weight_version, m.expected_idle_s, event_id=self._event_id(key, m.event_id))
         return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
     async def _eventbridge(self, request: web.Request, key: str | None) -> _Prepared:
-        m = await _read_model(request, s.AwsSpotInterruptionIn)
+        m = await _read_model(request, s.AwsSpotInterruptionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.AwsSpotInterruptionIn)
         return self._cloud_notice(cloud.from_eventbridge(m), key, self._digest(request, m))
 
@@ -472,7 +481,7 @@ class AdminApp:
             reason = "required" if instance_id is None else f"must match {s.IDENT_PATTERN}"
             raise ApiError(422, "validation", f"query parameter instance_id: {reason}",
                            [s.FieldError(field="instance_id", reason=reason)])
-        m = await _read_model(request, s.InstanceActionIn)
+        m = await _read_model(request, s.InstanceActionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.InstanceActionIn)
         digest = IdempotencyLedger.digest(f"{request.path}?{instance_id}", m.model_dump_json().encode())
         return self._cloud_notice(cloud.from_instance_action(m, instance_id), key, digest)
@@ -630,6 +639,77 @@ def build_app(
     return AdminApp(control, spec, token, clock_now, wall_now, monotonic, nodes).build()
 
 
+class _Protocol(RequestHandler):
+    """aiohttp's connection handler with two changes: a request line + headers must arrive within
+    ``head_timeout_s`` of the connection opening (a slow client is disconnected), and a request
+    the HTTP parser rejects (bad header byte, line over 8 KiB, ...) is answered with the API's JSON
+    ``ErrorOut`` and logged as one line without the offending bytes (they may hold the token)."""
+
+    head_timeout_s = 30.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self.head_timeout_s, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self._request_count == 0 and self.transport is not None:
+            log.info("admin API: no request head within %.0f s (admin.read_timeout_s): connection closed",
+                     self.head_timeout_s)
+            self.force_close()
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._request_count and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        reason = type(exc).__name__ if exc is not None else "bad request"
+        log.warning("admin API: %d from %s: the HTTP parser rejected the request (%s)", status, request.remote, reason)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        body = s.ErrorOut(error="bad_request", message=f"malformed HTTP request ({reason})").model_dump()
+        resp = json_response(body, status)
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    head_timeout_s = 30.0
+
+    def __call__(self) -> RequestHandler:
+        proto = _Protocol(self, loop=self._loop, **self._kwargs)
+        proto.head_timeout_s = self.head_timeout_s
+        return proto
+
+
+class _Runner(web.AppRunner):
+    """``AppRunner`` whose server makes ``_Protocol`` connection handlers."""
+
+    def __init__(self, app: web.Application, head_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._head_timeout_s = head_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        srv = await super()._make_server()
+        srv.__class__ = _Server  # same state, our connection handler
+        assert isinstance(srv, _Server)
+        srv.head_timeout_s = self._head_timeout_s
+        return srv
+
+
 class AdminServer:
     """Serves the admin app on ``host:port`` (port 0: any free port; see ``.port`` after ``start``)."""
 
@@ -642,6 +722,7 @@ class AdminServer:
         self.token = resolve_token(spec.token, env)
         check_listen(self.host, self.token)
         self.admin = AdminApp(control, spec, self.token, clock_now, nodes=nodes, journal=journal, policy=policy)
+        self._read_timeout_s = spec.read_timeout_s
         self.app = self.admin.build()
         self._runner: web.AppRunner | None = None
 
@@ -657,8 +738,8 @@ class AdminServer:
     async def start(self) -> None:
         if self.token is None:
             log.warning("admin API on %s:%s has no token: open to every local process", self.host, self.port)
-        self._runner = web.AppRunner(self.app, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
-                                     access_log_class=PathOnlyAccessLogger)
+        self._runner = _Runner(self.app, self._read_timeout_s, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
+                               access_log_class=PathOnlyAccessLogger, keepalive_timeout=self._read_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
