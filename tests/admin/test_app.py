@@ -148,7 +148,7 @@ async def test_header_and_body_event_id_must_agree(client: TestClient) -> None:
         ("/v1/events/reclaim-notice", {"gpu_ids": ["p0"], "deadline_in_s": -1}, "deadline_in_s", "greater"),
         ("/v1/events/reclaim-notice", {"gpu_ids": ["p0"], "deadline": "2027-01-15T08:00:00"}, "deadline", "time zone"),
         ("/v1/events/training-finished", {"step": 1}, "weight_version", "required"),
-        ("/v1/events/training-finished", {"step": "x", "weight_version": 1}, "step", "integer"),
+        ("/v1/events/training-finished", {"step": "x", "weight_version": 1}, "step", "JSON number"),
         ("/v1/events/notice-cancelled", [], "body", "dictionary"),
         ("/v1/cloud/aws/eventbridge", {"id": "e1", "detail-type": "EC2 Instance Rebalance Recommendation",
                                        "time": "2027-01-15T08:00:00Z",
