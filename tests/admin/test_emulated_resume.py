@@ -52,7 +52,8 @@ async def run_until(cfg: RunConfig, version: int, budget_s: float = 6 * 3600.0) 
         await svc.stop()
     return {"ok": ok, "trainer_start": started[0], "weights_start": started[1], "first_batch": started[2],
             "steps": trainer.stats.steps, "train_step": progress.train_step,
-            "weight_version": progress.weight_version}
+            "weight_version": progress.weight_version, "completed": progress.trajectories_completed,
+            "redelivered": svc.controller.pipeline.stats.trajectories_redelivered}
 
 
 def test_restart_after_three_steps_resumes_the_trainer_version(tmp_path: Path) -> None:
@@ -61,8 +62,14 @@ def test_restart_after_three_steps_resumes_the_trainer_version(tmp_path: Path) -
     assert first["ok"] and first["trainer_start"] == 0 and first["steps"] >= 3
     with Journal(tmp_path / "run" / "journal.sqlite") as j:
         trained = j.trained_batches(cfg.workload.batch_size)
+        before = j.counts()
     assert trained >= 3  # each update consumed one batch, durably
     second = run_virtual(run_until(cfg, trained + 3))
+    with Journal(tmp_path / "run" / "journal.sqlite") as j:
+        after = j.counts()
+    # the report counts what this run completed; journaled trajectories handed on again are not new
+    assert second["completed"] == after["completed"] - before["completed"]
+    assert second["redelivered"] == before["completed"] - before["consumed"] > 0
     assert second["ok"], second  # three more updates: the pipeline moved on from the resumed version
     assert second["trainer_start"] == trained and second["weights_start"] == trained
     assert second["first_batch"] == trained  # consumed batches are not rolled out again
