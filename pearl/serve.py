@@ -237,6 +237,7 @@ class Service:
         controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
                                 initial_state=self.initial_state, initial_weights=initial,
                                 registry=registry, journal=self.journal)
+        controller.train_steps = initial[0]  # a resumed run's step and version metrics start where they were
         self.controller = controller
 
         async def on_event(ev: Any) -> None:  # TrainingStarted / Finished -> toggle manager (awaited)
