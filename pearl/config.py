@@ -381,6 +381,35 @@ class AdminSpec(_Strict):
     tensorboard: bool = Field(default=True, description="write TensorBoard scalars under output_dir")
 
 
+class CloudWatchSpec(_Strict):
+    """Preemption signals read from the cloud on each node (``pearl.runtime.cloud_watch``); opt-in."""
+
+    aws: bool = Field(default=False, description="poll EC2 instance metadata (IMDSv2) for spot / rebalance notices")
+    gcp: bool = Field(default=False, description="wait on the GCE metadata server's preempted / maintenance-event")
+    kubernetes: bool = Field(default=False, description="poll this node's Node object (deletion, drain taints)")
+    aws_url: str = "http://169.254.169.254"
+    gcp_url: str = "http://metadata.google.internal"
+    kubernetes_url: str = "https://kubernetes.default.svc"
+    kubernetes_node: str | None = Field(default=None, description="the Kubernetes node name (default: env NODE_NAME)")
+    period_s: float = Field(default=2.0, gt=0, description="seconds between two polls of a source")
+    timeout_s: float = Field(default=2.0, gt=0, description="per request (GCP's hanging GETs: 60 s more)")
+    max_backoff_s: float = Field(default=60.0, gt=0, description="the back-off after errors doubles up to this")
+    rebalance_deadline_s: float | None = Field(default=None, ge=0, description="an AWS rebalance recommendation "
+                                               "becomes a notice due this long after it (None: logged only)")
+    gcp_notice_s: float = Field(default=30.0, gt=0, description="GCE's preemption notice")
+    kubernetes_grace_s: float = Field(default=30.0, gt=0, description="a node being deleted or drained: deadline")
+
+    @model_validator(mode="after")
+    def _check(self) -> CloudWatchSpec:
+        if self.max_backoff_s < self.period_s:
+            raise ValueError(f"max_backoff_s={self.max_backoff_s} is below period_s={self.period_s}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.aws or self.gcp or self.kubernetes
+
+
 class PricesSpec(_Strict):
     """$/GPU-hour by zone. Default: H100 prices RLBoost used ($83.79/h on-demand, $21.28/h spot per 8 GPUs)."""
 
@@ -447,6 +476,7 @@ class RunConfig(_Strict):
     emulator: EmulatorSpec = EmulatorSpec()
     train: TrainSpec = TrainSpec()
     admin: AdminSpec = AdminSpec()
+    cloud_watch: CloudWatchSpec = CloudWatchSpec()
     prices: PricesSpec = PricesSpec()
     env: EnvSpec = EnvSpec()
     trace: str | None = Field(default=None, description="availability trace file for replays / make run")

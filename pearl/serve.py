@@ -173,6 +173,9 @@ class Service:
         self.aborted_at_stop = 0
         self.admin: AdminServer | None = None
         self.observer: RunObserver | None = None
+        #: one node (no node agents): the cloud watch of this machine (``cfg.cloud_watch``, opt-in);
+        #: under ``pearl/main.py`` each node agent runs its own and rank 0 relays what they see
+        self.cloud_watch: Any = None
 
     async def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +216,8 @@ class Service:
         if any(replay.values()):
             log.info("journaled events: %s", replay)
         await self.admin.start()
+        if self.cfg.cloud_watch.enabled and self._nodes is None:
+            self.cloud_watch = self._start_cloud_watch("node0")
         self.observer = RunObserver(self.controller, self.clock.now, self.clock.sleep, self.run_dir,
                                     tensorboard=self.cfg.admin.tensorboard, live=self._live, title=self.cfg.name)
         self.observer.start()
@@ -249,6 +254,20 @@ class Service:
                  model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited",
                  f", resuming at policy v{resume.version} ({resume.path})" if resume is not None else "")
         return registry
+
+    def _start_cloud_watch(self, node: str) -> Any:
+        from pearl.runtime.cloud_watch import CloudSignal, CloudWatch, build_sources
+
+        assert self.admin is not None
+        app = self.admin.admin
+
+        async def sink(sig: CloudSignal) -> None:
+            await app.cloud_signal(sig.instance_id, sig.node, sig.deadline_wall, sig.source)
+
+        watch = CloudWatch(build_sources(self.cfg.cloud_watch, node), sink)
+        watch.start()
+        log.info("cloud watch on %s: %s", node, ", ".join(s.name for s in watch.sources))
+        return watch
 
     def _check_resumed(self) -> None:
         """The trainer ranks must stand at the version the workers were started with."""
@@ -293,6 +312,9 @@ class Service:
 
     async def stop(self) -> Path | None:
         report = None
+        if self.cloud_watch is not None:
+            await self.cloud_watch.close()
+            self.cloud_watch = None
         if self.admin is not None:
             await self.admin.stop()
         if self._train_task is not None:

@@ -280,11 +280,25 @@ class AdminApp:
                                [s.FieldError(field=IDEMPOTENCY_HEADER, reason=f"must match {s.IDENT_PATTERN}")])
             pre = await build(request, key)
             async with self._lock:  # check, journal and submit as one step: no interleaved twin
-                return await self._admit(request, pre)
+                return await self._admit(request.remote or "?", pre)
 
         return handle
 
-    async def _admit(self, request: web.Request, pre: _Prepared) -> web.StreamResponse:
+    async def cloud_signal(self, instance_id: str, node: str, deadline_wall: float, source: str) -> dict[str, Any]:
+        """A node-side watcher's notice (``pearl.runtime.cloud_watch``) through the gate of the HTTP
+        routes: journaled, idempotent, one notice per instance (an EventBridge warning for the same
+        instance is the same notice). The GPUs are the instance's, else the node's preemptible ones.
+        Returns the ``EventAcceptedOut`` body; a refusal raises ``ApiError``."""
+        event_id = f"watch:{source}:{instance_id}:{int(deadline_wall)}"[:128]
+        n = cloud.CloudNotice(instance_id=instance_id, deadline_wall=deadline_wall, event_id=event_id, action=source)
+        digest = IdempotencyLedger.digest("cloud-watch", event_id.encode())
+        async with self._lock:
+            resp = await self._admit(f"cloud-watch@{node}", self._cloud_notice(n, None, digest, node))
+        assert isinstance(resp, web.Response) and resp.text is not None
+        out: dict[str, Any] = json.loads(resp.text)
+        return out
+
+    async def _admit(self, remote: str, pre: _Prepared) -> web.StreamResponse:
         self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
         chk = self.book.check(pre.event_id, pre.digest, pre.notice_id, pre.notice_digest)
         if chk.verdict == "conflict":
@@ -299,8 +313,7 @@ class AdminApp:
         if chk.duplicate:
             assert chk.prior is not None
             self.metrics.events.labels(pre.kind, "duplicate").inc()
-            log.info("event %s id=%s from %s: duplicate of %s", pre.kind, pre.event_id, request.remote,
-                     chk.prior.event_id)
+            log.info("event %s id=%s from %s: duplicate of %s", pre.kind, pre.event_id, remote, chk.prior.event_id)
             body = s.EventAcceptedOut(applied=False, duplicate=True, event_id=pre.event_id, kind=pre.kind,
                                       gpu_ids=_journaled_gpus(chk.prior),
                                       detail=f"already accepted as event {chk.prior.event_id}")
@@ -342,7 +355,7 @@ class AdminApp:
             self._training = (event.step, False)
         outcome = "duplicate" if result.duplicate else "applied" if result.applied else "ignored"
         self.metrics.events.labels(pre.kind, outcome).inc()
-        log.info("event %s id=%s from %s: %s %s", pre.kind, event.event_id, request.remote, outcome, result.detail)
+        log.info("event %s id=%s from %s: %s %s", pre.kind, event.event_id, remote, outcome, result.detail)
         body = s.EventAcceptedOut(
             applied=result.applied, duplicate=result.duplicate, event_id=event.event_id,
             kind=pre.kind, gpu_ids=list(_gpu_ids(event)), detail=result.detail,
@@ -486,14 +499,22 @@ class AdminApp:
         digest = IdempotencyLedger.digest(f"{request.path}?{instance_id}", m.model_dump_json().encode())
         return self._cloud_notice(cloud.from_instance_action(m, instance_id), key, digest)
 
-    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None, digest: str) -> _Prepared:
+    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None, digest: str, node: str | None = None) -> _Prepared:
         """A cloud notice names its instance: the notice id is the instance id, and every cloud notice
-        for one instance (EventBridge warning, metadata document, a node watcher's) is one notice."""
+        for one instance (EventBridge warning, metadata document, a node watcher's) is one notice.
+        ``node``: a watcher's node, whose preemptible GPUs are meant when the instance is unknown."""
         event_id = key or n.event_id
         now_c, now_w = self._clock_now(), self._wall_now()
 
         def resolve() -> ElasticEvent:
-            gpu_ids = self._instance(n.instance_id)
+            try:
+                gpu_ids = self._instance(n.instance_id)
+            except ApiError:
+                spot = [g["gpu_id"] for g in self.control.state_dict().get("gpus", [])
+                        if node is not None and g.get("node") == node and g.get("zone") == "preemptible"]
+                if not spot:
+                    raise
+                gpu_ids = tuple(sorted(spot))
             return ReclaimNotice(gpu_ids, cloud.wall_to_clock(n.deadline_wall, now_c, now_w),
                                  notice_id=n.instance_id, event_id=event_id)
 
