@@ -313,9 +313,9 @@ class KubernetesNode(Source):
         taints = spec.get("taints") or []
         if not isinstance(taints, list):
             raise CloudAnswerError("spec.taints is not a list")
-        keys = {t.get("key") for t in taints if isinstance(t, dict)}
+        keys = {str(t.get("key")) for t in taints if isinstance(t, dict)}
         reason = ("deletionTimestamp " + str(meta["deletionTimestamp"]) if meta.get("deletionTimestamp")
-                  else ", ".join(sorted(k for k in keys & K8S_TAINTS)))
+                  else ", ".join(sorted(keys & K8S_TAINTS)))
         if not reason:
             self._first_seen = None
             return []

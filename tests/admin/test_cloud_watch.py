@@ -345,3 +345,48 @@ async def test_a_refused_signal_is_logged_and_retried_on_the_next_sighting(caplo
     await watch._report(sig)
     assert len(calls) == 2 and watch.sink_errors == 1 and list(watch.reported) == [sig.key]
     assert "not delivered: controller unreachable" in caplog.text
+
+
+async def test_a_node_agents_signal_reaches_rank_0_once(http: aiohttp.ClientSession) -> None:
+    """Multi-node: the agent's cloud watch lists its signal in ``/agent/v1/health``; rank 0's
+    ``AgentWatcher`` relays it once (a failed relay is retried at the next poll)."""
+    from pearl.config import load_config
+    from pearl.engines.emulated import EmulatedEngine
+    from pearl.runtime.agent_watch import AgentWatcher
+    from pearl.runtime.clock import LoopClock
+    from pearl.runtime.node_agent import AgentClient, NodeAgent
+
+    imds = FakeImds()
+    imds.instance_action = {"action": "stop", "time": rfc3339(time.time() + 100)}
+    srv = await serve(imds.app())
+    seen = asyncio.Event()
+
+    async def keep(_sig: CloudSignal) -> None:
+        seen.set()
+
+    base = load_config("qwen3-8b-h200")
+    clock = LoopClock()
+    watch = CloudWatch([AwsImds("node1", str(srv.make_url("")), period_s=0.05)], keep)
+    agent = NodeAgent("node1", 1, EmulatedEngine(base.model, base.hardware, clock, base.emulator), "agent-token-0123456789",
+                      cloud_watch=watch)
+    await agent.start()
+    try:
+        await seen.wait()
+        client = AgentClient(agent.url, "agent-token-0123456789", http)
+        relayed: list[tuple[str, Any]] = []
+
+        async def on_cloud(node: str, sig: Any) -> None:
+            relayed.append((node, sig))
+            if len(relayed) == 1:
+                raise RuntimeError("admin gate busy")
+
+        w = AgentWatcher({"node1": client.health}, clock, on_dead=print)
+        w.on_cloud = on_cloud
+        for _ in range(3):
+            await w.poll_once()
+        assert len(relayed) == 2  # failed once, relayed at the next poll, then never again
+        node, sig = relayed[-1]
+        assert node == "node1" and (sig["source"], sig["instance_id"]) == ("aws-spot", "i-0abc")
+    finally:
+        await agent.close()
+        await srv.close()
