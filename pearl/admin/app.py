@@ -298,6 +298,21 @@ class AdminApp:
         out: dict[str, Any] = json.loads(resp.text)
         return out
 
+    async def grant_gpus(self, gpus: list[dict[str, Any]], event_id: str) -> dict[str, Any]:
+        """A grant from inside the process (tools, the restart campaign) through the same gate as
+        ``POST /v1/events/gpus-granted``: validated, journaled, idempotent. A refusal raises ``ApiError``."""
+        try:
+            m = s.GpusGrantedIn.model_validate({"gpus": gpus, "event_id": event_id})
+        except ValidationError as e:
+            raise ApiError(422, "validation", str(e), _field_errors(e)) from None
+        ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus), event_id=event_id)
+        digest = IdempotencyLedger.digest("/v1/events/gpus-granted", m.model_dump_json(exclude={"event_id"}).encode())
+        async with self._lock:
+            resp = await self._admit("in-process", _Prepared(event_id, ev.kind.value, digest, lambda: ev))
+        assert isinstance(resp, web.Response) and resp.text is not None
+        out: dict[str, Any] = json.loads(resp.text)
+        return out
+
     async def _admit(self, remote: str, pre: _Prepared) -> web.StreamResponse:
         self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
         chk = self.book.check(pre.event_id, pre.digest, pre.notice_id, pre.notice_digest)
