@@ -420,6 +420,10 @@ class AdminApp:
                                    f"exceed cluster.max_preemptible_gpus={cap}",
                                    [s.FieldError(field="gpus", reason=f"at most {max(cap - len(have), 0)} more")])
 
+    def settle(self) -> None:
+        """Mark finished grants and notices ``done`` against the current table (``EventBook.settle``)."""
+        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+
     async def replay(self) -> dict[str, int]:
         """Submit again every accepted grant and reclaim notice the controller has not finished
         (after a restart on the journal; ``pearl.admin.events``). Returns counts by outcome."""
@@ -762,6 +766,10 @@ class AdminServer:
         self.app = self.admin.build()
         self._runner: web.AppRunner | None = None
 
+    def settle(self) -> None:
+        """Mark finished grants and notices ``done`` against the current table (``EventBook.settle``)."""
+        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+
     async def replay(self) -> dict[str, int]:
         """Replay the journaled events the controller has not finished (``AdminApp.replay``)."""
         return await self.admin.replay()
@@ -788,3 +796,4 @@ class AdminServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.admin.settle()  # what finished meanwhile is not replayed by the next start

@@ -111,10 +111,24 @@ class EventBook:
             self._journal.set_event_status(event_id, status)
 
     def replayable(self) -> list[JournaledEvent]:
-        """Accepted grants and reclaim notices not yet known to be done, in acceptance order."""
-        return sorted((e for e in self._events.values()
-                       if e.status == "accepted" and e.kind in ("gpus_granted", "reclaim_notice")),
-                      key=lambda e: e.seq)
+        """Accepted grants and reclaim notices not yet known to be done, in acceptance order. A grant
+        whose GPUs a later notice names is not replayed: it was applied (a notice is accepted only for
+        GPUs in the table), and re-granting GPUs the cloud may already have taken would be wrong."""
+        events = sorted(self._events.values(), key=lambda e: e.seq)
+        noticed: dict[str, int] = {}
+        for e in events:
+            if e.kind == "reclaim_notice":
+                for g in e.body.get("gpu_ids", []):
+                    noticed[str(g)] = max(noticed.get(str(g), 0), e.seq)
+        out = []
+        for e in events:
+            if e.status != "accepted" or e.kind not in ("gpus_granted", "reclaim_notice"):
+                continue
+            if e.kind == "gpus_granted" and any(noticed.get(str(g["gpu_id"]), 0) > e.seq for g in e.body["gpus"]):
+                self.set_status(e.event_id, "done")
+                continue
+            out.append(e)
+        return out
 
     def settle(self, gpus_in_table: Iterable[str]) -> None:
         """Mark ``done`` what the table shows finished: grants whose GPUs are all in it, notices whose

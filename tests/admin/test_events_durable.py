@@ -55,7 +55,8 @@ async def test_accepted_events_survive_kill_9(tmp_path: Path, procs: list[Proc])
     url = f"http://127.0.0.1:{port}"
     grant = {"gpus": [{"gpu_id": "p0", "node": "node0", "instance_id": "i-0abc"},
                       {"gpu_id": "p1", "node": "node0", "instance_id": "i-0abc"}]}
-    notice = {"gpu_ids": ["p0", "p1"], "deadline_in_s": 1.0, "notice_id": "n-1"}
+    # due in 30 s: its shrink (deadline - 5 s margin) cannot start before the kill below
+    notice = {"gpu_ids": ["p0", "p1"], "deadline_in_s": 30.0, "notice_id": "n-1"}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/events/gpus-granted", json=grant,
                              headers={**AUTH, "Idempotency-Key": "grant-1"}) as r:
@@ -70,7 +71,7 @@ async def test_accepted_events_survive_kill_9(tmp_path: Path, procs: list[Proc])
     with Journal(journal_path) as j:
         kept = {e.event_id: e for e in j.events()}
     assert set(kept) == {"grant-1", "notice-1"} and kept["notice-1"].status == "accepted"
-    assert kept["notice-1"].body["deadline_wall"] <= killed_at + 1.0
+    assert kept["notice-1"].body["deadline_wall"] <= killed_at + 30.0
 
     cfg = load_config(cfg_path)
     svc = Service(cfg, LoopClock(), port=0)
@@ -78,7 +79,7 @@ async def test_accepted_events_survive_kill_9(tmp_path: Path, procs: list[Proc])
     try:
         assert svc.controller is not None and svc.admin is not None
         app = svc.admin.admin
-        # the deadline passed while the controller was down: the replayed notice shrinks at once
+        # the replayed notice is armed again (its shrink starts 5 s before the journaled deadline)
         await svc.controller.elastic.idle()
         await asyncio.gather(*[n.timer for n in svc.controller.elastic.notices.values() if n.timer is not None])
         gpus = {g["gpu_id"] for g in svc.controller.state_dict()["gpus"]}
@@ -93,6 +94,50 @@ async def test_accepted_events_survive_kill_9(tmp_path: Path, procs: list[Proc])
         await svc.stop()
     with Journal(journal_path) as j:
         assert {e.event_id: e.status for e in j.events()} == {"grant-1": "done", "notice-1": "done"}
+
+
+def test_a_notice_whose_deadline_passed_while_down_shrinks_at_once(tmp_path: Path) -> None:
+    """The journal holds a preemptible GPU and an accepted notice for it due an hour ago; the
+    restarted service (emulated, virtual time) starts the shrink at its start-up replay."""
+    from pearl.core.state import ClusterState, Gpu, Zone
+    from pearl.runtime.clock import run_virtual
+    from pearl.runtime.controller import Controller
+    from pearl.runtime.journal import JournaledEvent
+    from tests.admin.test_emulated_resume import emulated_cfg
+
+    cfg = emulated_cfg(tmp_path / "run")
+    with Journal(tmp_path / "run" / "journal.sqlite") as j:
+        st = ClusterState.build([*Controller.initial_state(cfg).gpus.values(),
+                                 Gpu("p0", Zone.PREEMPTIBLE, "node0", "i-0abc")])
+        j.record_state(st.to_dict())
+        j.record_event(JournaledEvent("grant-1", "gpus_granted", "d1", "accepted",
+                                      {"gpus": [{"gpu_id": "p0", "node": "node0", "instance_id": "i-0abc"}]}))
+        j.record_event(JournaledEvent("notice-1", "reclaim_notice", "d2", "accepted",
+                                      {"gpu_ids": ["p0"], "deadline_wall": time.time() - 3600, "notice_id": "n-1"},
+                                      "n-1"))
+
+    async def restart() -> tuple[list[dict[str, Any]], float, set[str], dict[str, str]]:
+        clock = LoopClock()
+        svc = Service(cfg, clock, port=0)
+        await svc.start()
+        try:
+            assert svc.controller is not None
+            ready = clock.now()
+            await svc.controller.elastic.idle()
+            await asyncio.gather(*[n.timer for n in svc.controller.elastic.notices.values() if n.timer])
+            hist = [h for h in svc.controller.elastic.history if h["kind"] in ("reclaim_notice", "shrink")]
+            gpus = {g["gpu_id"] for g in svc.controller.state_dict()["gpus"]}
+        finally:
+            await svc.stop()
+        with Journal(tmp_path / "run" / "journal.sqlite") as j:
+            status = {e.event_id: e.status for e in j.events()}
+        return hist, ready, gpus, status
+
+    hist, ready, gpus, status = run_virtual(restart())
+    notice = next(h for h in hist if h["kind"] == "reclaim_notice")
+    assert notice["notice"] == "n-1" and notice["shrink_at"] <= ready  # at once, at the start-up replay
+    assert any(h["kind"] == "shrink" for h in hist) and "p0" not in gpus
+    assert status == {"grant-1": "done", "notice-1": "done"}  # the grant was not applied again
 
 
 async def test_a_202_is_in_the_journal_before_the_answer(tmp_path: Path) -> None:
@@ -181,3 +226,19 @@ async def test_grants_stay_within_max_preemptible_gpus_on_known_nodes() -> None:
         status, _ = await post(c, "/v1/events/gpus-granted", {"gpus": [{"gpu_id": "q1", "node": "node1"}]})
         assert status == 409
         assert sum(1 for g in control.state_dict()["gpus"] if g["zone"] == "preemptible") == 4
+
+
+def test_a_grant_whose_gpus_were_reclaimed_is_not_granted_again(tmp_path: Path) -> None:
+    """The kill came after a notice's shrink removed the granted GPU and before either event was
+    marked done: the replay must not re-grant a GPU the cloud has taken."""
+    from pearl.admin.events import EventBook
+
+    with Journal(tmp_path / "j.sqlite") as j:
+        book = EventBook(j)
+        book.accept("grant-1", "gpus_granted", "d1", {"gpus": [{"gpu_id": "p0", "node": "node0"}]})
+        book.accept("notice-1", "reclaim_notice", "d2", {"gpu_ids": ["p0"], "deadline_wall": 0.0}, "n-1")
+        book.accept("grant-2", "gpus_granted", "d3", {"gpus": [{"gpu_id": "p1", "node": "node0"}]})
+    with Journal(tmp_path / "j.sqlite") as j:
+        book = EventBook(j)
+        assert [e.event_id for e in book.replayable()] == ["notice-1", "grant-2"]
+        assert book.get("grant-1") is not None and book.get("grant-1").status == "done"  # type: ignore[union-attr]
