@@ -766,10 +766,6 @@ class AdminServer:
         self.app = self.admin.build()
         self._runner: web.AppRunner | None = None
 
-    def settle(self) -> None:
-        """Mark finished grants and notices ``done`` against the current table (``EventBook.settle``)."""
-        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
-
     async def replay(self) -> dict[str, int]:
         """Replay the journaled events the controller has not finished (``AdminApp.replay``)."""
         return await self.admin.replay()

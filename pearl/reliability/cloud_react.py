@@ -39,7 +39,7 @@ class LocalImds:
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_put("/latest/api/token", lambda r: web.Response(text="local-token"))
+        app.router.add_put("/latest/api/token", self._token)
         app.router.add_get("/latest/meta-data/{path:.*}", self._get)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -47,6 +47,9 @@ class LocalImds:
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
+
+    async def _token(self, request: web.Request) -> web.Response:
+        return web.Response(text="local-token")
 
     async def _get(self, request: web.Request) -> web.Response:
         if request.headers.get("X-aws-ec2-metadata-token") != "local-token":
@@ -93,7 +96,7 @@ async def measure(runs: int, period_s: float, out_dir: Path, seed: int = 0) -> d
                     started.set_result(time.monotonic())
                 return await shrink(gpus, deadline)
 
-            ctrl.rebuilder.shrink = timed  # type: ignore[method-assign]
+            ctrl.rebuilder.shrink = timed  # type: ignore[method-assign,assignment]
             await asyncio.sleep(rng.uniform(0.0, period_s))  # publish at a random phase of the poll cycle
             t0 = time.monotonic()
             imds.action = {"action": "terminate", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
