@@ -13,6 +13,7 @@ Life cycle::
     j.record_trajectory(record)            # completed: record + drop its partials (one transaction)
     j.record_consumed([tid, ...])          # trained on, update durable (never re-delivered)
     j.record_state(state.to_dict())        # the GPU-worker-role table after every applied change
+    j.record_event(JournaledEvent(...))    # an elastic event the admin API accepted (before its 202)
     ...  kill -9  ...
     run = Journal(path).recover()          # RecoveredRun(completed, partials, state, consumed)
     j.close()
@@ -51,6 +52,12 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
      journaled parts is answered from the journal (``JournaledEngine``: one part per attempt, the
      unfinished ones as ``abort`` so the pipeline continues with prompt + part), so no journaled
      token is generated again and none is lost; only the remainder is generated.
+
+Elastic events (table ``events``, written by ``pearl.admin.events.EventBook``): every event the
+admin API answers 202 is journaled first, with its payload digest (idempotency survives a
+restart), its notice id (one notice per id) and a status (``accepted`` -> ``done`` /
+``cancelled``); a restarted service replays the accepted grants and notices. The emulated trainer's
+policy version after a restart is ``trained_batches`` (one update per consumed batch).
 
 Idempotence. ``record_trajectory`` of an id that is already completed is ignored (returns False):
 a trajectory is completed at most once. ``record_partial`` of a completed trajectory is ignored
