@@ -12,9 +12,22 @@ handler (JSON parse -> 400, pydantic -> 422 naming each field, unknown GPU / ins
 event the controller rejects against its current state (``ValueError``, e.g. a granted GPU that is
 already in the table) -> 409 naming the field, controller too slow -> 503).
 
+Before the controller: the HTTP parser's own rejections (a bad header byte, a line over 8 KiB) are
+answered as ``ErrorOut`` 400 with one log line (``_Protocol``); a request head must arrive within
+``admin.read_timeout_s`` of the connection opening and a body within the same time (408); a body
+broken off is a 400.
+
+Events pass the book (``pearl.admin.events``): an id or notice id seen before is answered from it
+(200 duplicate or 409) before any lookup; then the policy (``EventPolicy``: training events owned
+by an internal trainer -> 409, outside steps that go back or overlap -> 409, grants over
+``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then the event is journaled and
+submitted. A 202 means journaled; ``replay`` submits the unfinished ones after a restart.
+``cloud_signal`` and ``grant_gpus`` are the same gate for callers inside the process (the cloud
+watch, tools).
+
 Event ids: the ``Idempotency-Key`` header or the body's ``event_id`` (they must agree), an id
-derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. The controller applies
-an id once; a repeat answers 200 with ``duplicate: true`` (a first application answers 202).
+derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. An id is applied
+once; a repeat answers 200 with ``duplicate: true`` (a first application answers 202).
 """
 
 from __future__ import annotations
