@@ -27,7 +27,9 @@ from typing import Any
 
 TOKEN_ENV = "PEARL_ADMIN_TOKEN"
 MIN_TOKEN_CHARS = 16
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|api_?key|credential", re.IGNORECASE)
+#: a key names a secret when its last word is one of these (``token``, ``hf_token``, ``api_key``), not
+#: when a word merely contains one (``max_trajectory_tokens`` is a count)
+_SECRET_KEY = re.compile(r"(?:^|[_.\-])(?:token|secret|password|passwd|api_?key|credentials?)$", re.IGNORECASE)
 
 
 class AdminSecurityError(ValueError):
@@ -134,9 +136,10 @@ class IdempotencyLedger:
 
 
 def redact(obj: Any) -> Any:
-    """Replace the value of every key that names a secret (token, password, ...) by ``"***"``."""
+    """Replace the string value of every key that names a secret (token, password, ...) by ``"***"``."""
     if isinstance(obj, dict):
-        return {k: ("***" if _SECRET_KEY.search(str(k)) and v not in (None, "") else redact(v)) for k, v in obj.items()}
+        return {k: ("***" if _SECRET_KEY.search(str(k)) and isinstance(v, str) and v else redact(v))
+                for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

@@ -370,6 +370,8 @@ class AdminSpec(_Strict):
     max_events_per_s: float = Field(default=50.0, gt=0, description="POST rate limit per client (burst: 1 s)")
     max_reads_per_s: float = Field(default=2000.0, gt=0, description="GET rate limit per client (burst: 1 s)")
     submit_timeout_s: float = Field(default=10.0, gt=0, description="wait for the controller to take an event")
+    read_timeout_s: float = Field(default=30.0, gt=0, description="a request line + headers, or a body, not "
+                                  "received within this many seconds: the connection is closed (408 for a body)")
     agent_port: int = Field(default=0, ge=0, le=65535, description="node agent HTTP port (0: any free port)")
     # Rank 0's agent watcher (pearl/runtime/node/watch.py)
     agent_health_period_s: float = Field(default=5.0, gt=0, description="seconds between two health polls of each agent")
@@ -377,6 +379,35 @@ class AdminSpec(_Strict):
     agent_health_misses: int = Field(default=3, ge=1, description="consecutive misses after which a node is lost")
     log_json: bool = Field(default=False, description="structured logs as one JSON object per line")
     tensorboard: bool = Field(default=True, description="write TensorBoard scalars under output_dir")
+
+
+class CloudWatchSpec(_Strict):
+    """Preemption signals read from the cloud on each node (``pearl.runtime.node.cloud_watch``); opt-in."""
+
+    aws: bool = Field(default=False, description="poll EC2 instance metadata (IMDSv2) for spot / rebalance notices")
+    gcp: bool = Field(default=False, description="wait on the GCE metadata server's preempted / maintenance-event")
+    kubernetes: bool = Field(default=False, description="poll this node's Node object (deletion, drain taints)")
+    aws_url: str = "http://169.254.169.254"
+    gcp_url: str = "http://metadata.google.internal"
+    kubernetes_url: str = "https://kubernetes.default.svc"
+    kubernetes_node: str | None = Field(default=None, description="the Kubernetes node name (default: env NODE_NAME)")
+    period_s: float = Field(default=2.0, gt=0, description="seconds between two polls of a source")
+    timeout_s: float = Field(default=2.0, gt=0, description="per request (GCP's hanging GETs: 60 s more)")
+    max_backoff_s: float = Field(default=60.0, gt=0, description="the back-off after errors doubles up to this")
+    rebalance_deadline_s: float | None = Field(default=None, ge=0, description="an AWS rebalance recommendation "
+                                               "becomes a notice due this long after it (None: logged only)")
+    gcp_notice_s: float = Field(default=30.0, gt=0, description="GCE's preemption notice")
+    kubernetes_grace_s: float = Field(default=30.0, gt=0, description="a node being deleted or drained: deadline")
+
+    @model_validator(mode="after")
+    def _check(self) -> CloudWatchSpec:
+        if self.max_backoff_s < self.period_s:
+            raise ValueError(f"max_backoff_s={self.max_backoff_s} is below period_s={self.period_s}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.aws or self.gcp or self.kubernetes
 
 
 class PricesSpec(_Strict):
@@ -445,6 +476,7 @@ class RunConfig(_Strict):
     emulator: EmulatorSpec = EmulatorSpec()
     train: TrainSpec = TrainSpec()
     admin: AdminSpec = AdminSpec()
+    cloud_watch: CloudWatchSpec = CloudWatchSpec()
     prices: PricesSpec = PricesSpec()
     env: EnvSpec = EnvSpec()
     trace: str | None = Field(default=None, description="availability trace file for replays / make run")

@@ -206,7 +206,8 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
     engine = make_local_engine(cfg, clock, (run_dir / env.node).resolve())
     agent = NodeAgent(env.node, env.rank, engine, token, host=bind, port=cfg.admin.agent_port,
                       log_dir=str(run_dir / env.node / "logs"),
-                      server_host=None if is_loopback(advertised) else advertised)
+                      server_host=None if is_loopback(advertised) else advertised,
+                      cloud_watch=_cloud_watch(cfg, env.node))
     await agent.start()
     url = f"http://{advertised}:{agent.port}"
     await asyncio.to_thread(store.set, f"agent/{env.rank}", url)  # type: ignore[attr-defined]
@@ -231,9 +232,21 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
     return rc
 
 
+def _cloud_watch(cfg: RunConfig, node: str) -> object:
+    """This node's cloud watch (``cfg.cloud_watch``, opt-in); rank 0's agent watcher relays its signals."""
+    if not cfg.cloud_watch.enabled:
+        return None
+    from pearl.runtime.node.cloud_watch import CloudWatch, build_sources
+
+    async def keep(_sig: object) -> None:  # kept in the watch's view, which the agent's /health serves
+        return None
+
+    return CloudWatch(build_sources(cfg.cloud_watch, node), keep)
+
+
 async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: str, clock: Clock,
                           stop: asyncio.Event, args: argparse.Namespace) -> int:
-    from pearl.runtime.node.watch import AgentWatcher, node_lost_handler
+    from pearl.runtime.node.watch import AgentWatcher, cloud_relay, node_lost_handler
     from pearl.serve import Service
 
     urls = {}
@@ -284,6 +297,7 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
             assert service.admin is not None and service.controller is not None
             watcher.on_alive = remote[0].mark_node_alive
             watcher.on_dead = node_lost_handler(service.controller, remote[0])
+            watcher.on_cloud = cloud_relay(service.admin.admin)
             await watcher.poll_once()  # /v1/nodes shows the launched workers from the first request on
             log.info("PEARL serving on %d node(s): admin API %s", env.world_size, service.admin.url)
             rc = await service.run(stop)

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.access import AdminSecurityError
-from pearl.admin.app import AdminServer, NodesProvider
+from pearl.admin.app import AdminServer, EventPolicy, NodesProvider
 from pearl.config import RunConfig, load_config
 from pearl.core.state import ClusterState
 from pearl.core.trajectory import TrajectoryRecord
@@ -93,7 +93,12 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
         raise ValueError(f"build_controller builds emulated runs (engine.kind={cfg.engine.kind!r}); "
                          "real engines go through Service")
     sessions = SyntheticSessionFactory(cfg.workload, clock)
-    controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal)
+    # a restart resumes the trainer's policy version: one update per consumed batch (the emulated
+    # trainer keeps no other state), so the pipeline's first batch finds the version it waits for
+    version = journal.trained_batches(cfg.workload.batch_size) if journal is not None else 0
+    controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal,
+                            initial_weights=(version, f"emulated://v{version}") if version else None)
+    controller.train_steps = version
 
     async def take_batch() -> list[TrajectoryRecord]:
         records = await controller.take_batch()
@@ -101,7 +106,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
             on_batch(records, controller.latest_weights()[0])
         return records
 
-    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take_batch, controller.notify, controller.publish)
+    trainer = EmulatedTrainer(clock, cfg.train.step_time_s, take_batch, controller.notify, controller.publish,
+                              start_version=version)
     return controller, trainer
 
 
@@ -167,6 +173,9 @@ class Service:
         self.aborted_at_stop = 0
         self.admin: AdminServer | None = None
         self.observer: RunObserver | None = None
+        #: one node (no node agents): the cloud watch of this machine (``cfg.cloud_watch``, opt-in);
+        #: under ``pearl/main.py`` each node agent runs its own and rank 0 relays what they see
+        self.cloud_watch: Any = None
 
     async def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -188,8 +197,10 @@ class Service:
         assert self.controller is not None
         self.controller.pipeline.router.pair_node = self._pd_pair_node
         # the admin server is built first: a bad listen address must fail before any work starts
+        owner = "the GRPO trainer (pearl.train)" if self.real else "the emulated trainer (pearl.sim.emulated_trainer)"
+        policy = EventPolicy(training_owner=owner, max_preemptible_gpus=self.cfg.cluster.max_preemptible_gpus)
         self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
-                                 nodes=self._nodes)
+                                 nodes=self._nodes, journal=self.journal, policy=policy)
         if self.real:
             log.info("starting the trainer ranks and the initial inference workers ...")
             await asyncio.gather(self.trainer.start(), self.controller.start())
@@ -201,7 +212,12 @@ class Service:
         else:
             await self.controller.start()
             self.trainer.start()
+        replay = await self.admin.replay()  # journaled grants / notices the controller had not finished
+        if any(replay.values()):
+            log.info("journaled events: %s", replay)
         await self.admin.start()
+        if self.cfg.cloud_watch.enabled and self._nodes is None:
+            self.cloud_watch = self._start_cloud_watch("node0")
         self.observer = RunObserver(self.controller, self.clock.now, self.clock.sleep, self.run_dir,
                                     tensorboard=self.cfg.admin.tensorboard, live=self._live, title=self.cfg.name)
         self.observer.start()
@@ -226,6 +242,7 @@ class Service:
         controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
                                 initial_state=self.initial_state, initial_weights=initial,
                                 registry=registry, journal=self.journal)
+        controller.train_steps = initial[0]  # a resumed run's step and version metrics start where they were
         self.controller = controller
 
         async def on_event(ev: Any) -> None:  # TrainingStarted / Finished -> toggle manager (awaited)
@@ -237,6 +254,20 @@ class Service:
                  model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited",
                  f", resuming at policy v{resume.version} ({resume.path})" if resume is not None else "")
         return registry
+
+    def _start_cloud_watch(self, node: str) -> Any:
+        from pearl.runtime.node.cloud_watch import CloudSignal, CloudWatch, build_sources
+
+        assert self.admin is not None
+        app = self.admin.admin
+
+        async def sink(sig: CloudSignal) -> None:
+            await app.cloud_signal(sig.instance_id, sig.node, sig.deadline_wall, sig.source)
+
+        watch = CloudWatch(build_sources(self.cfg.cloud_watch, node), sink)
+        watch.start()
+        log.info("cloud watch on %s: %s", node, ", ".join(s.name for s in watch.sources))
+        return watch
 
     def _check_resumed(self) -> None:
         """The trainer ranks must stand at the version the workers were started with."""
@@ -281,6 +312,9 @@ class Service:
 
     async def stop(self) -> Path | None:
         report = None
+        if self.cloud_watch is not None:
+            await self.cloud_watch.close()
+            self.cloud_watch = None
         if self.admin is not None:
             await self.admin.stop()
         if self._train_task is not None:

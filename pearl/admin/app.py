@@ -12,9 +12,22 @@ handler (JSON parse -> 400, pydantic -> 422 naming each field, unknown GPU / ins
 event the controller rejects against its current state (``ValueError``, e.g. a granted GPU that is
 already in the table) -> 409 naming the field, controller too slow -> 503).
 
+Before the controller: the HTTP parser's own rejections (a bad header byte, a line over 8 KiB) are
+answered as ``ErrorOut`` 400 with one log line (``_Protocol``); a request head must arrive within
+``admin.read_timeout_s`` of the connection opening and a body within the same time (408); a body
+broken off is a 400.
+
+Events pass the book (``pearl.admin.events``): an id or notice id seen before is answered from it
+(200 duplicate or 409) before any lookup; then the policy (``EventPolicy``: training events owned
+by an internal trainer -> 409, outside steps that go back or overlap -> 409, grants over
+``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then the event is journaled and
+submitted. A 202 means journaled; ``replay`` submits the unfinished ones after a restart.
+``cloud_signal`` and ``grant_gpus`` are the same gate for callers inside the process (the cloud
+watch, tools).
+
 Event ids: the ``Idempotency-Key`` header or the body's ``event_id`` (they must agree), an id
-derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. The controller applies
-an id once; a repeat answers 200 with ``duplicate: true`` (a first application answers 202).
+derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. An id is applied
+once; a repeat answers 200 with ``duplicate: true`` (a first application answers 202).
 """
 
 from __future__ import annotations
@@ -23,14 +36,18 @@ import asyncio
 import json
 import logging
 import math
+import os
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 from pydantic import BaseModel, ValidationError
@@ -45,6 +62,7 @@ from pearl.access import (
 )
 from pearl.admin import cloud
 from pearl.admin import schemas as s
+from pearl.admin.events import EventBook
 from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
 from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
 from pearl.config import AdminSpec
@@ -58,6 +76,7 @@ from pearl.core.events import (
     TrainingStarted,
 )
 from pearl.runtime.control import ControlPlane, UnknownResourceError
+from pearl.runtime.journal import Journal, JournaledEvent
 
 log = logging.getLogger("pearl.admin")
 
@@ -127,11 +146,18 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def _read_model(request: web.Request, model: type[BaseModel]) -> BaseModel:
+async def _read_model(request: web.Request, model: type[BaseModel], read_timeout_s: float = 30.0) -> BaseModel:
     ctype = request.content_type if request.headers.get("Content-Type") is not None else "application/json"
     if ctype not in _JSON_TYPES and not ctype.endswith("+json"):
         raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {ctype!r}")
-    raw = await request.read()  # aiohttp raises 413 past client_max_size
+    try:
+        async with asyncio.timeout(read_timeout_s):
+            raw = await request.read()  # aiohttp raises 413 past client_max_size
+    except TimeoutError:
+        raise ApiError(408, "request_timeout", f"the body did not arrive within {read_timeout_s} s "
+                       "(admin.read_timeout_s)") from None
+    except (ClientPayloadError, BadHttpMessage, ConnectionError) as e:  # the client broke the upload off
+        raise ApiError(400, "incomplete_body", f"the request body ended early: {type(e).__name__}") from None
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
@@ -159,16 +185,22 @@ class AdminApp:
         wall_now: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         nodes: NodesProvider | None = None,
+        journal: Journal | None = None,
+        policy: EventPolicy | None = None,
     ) -> None:
         self.control = control
         self._nodes = nodes
+        self.policy = policy or EventPolicy()
+        #: accepted events (durable with a journal): idempotency, one notice per id, replay
+        self.book = EventBook(journal)
+        self._lock = asyncio.Lock()
+        self._training: tuple[int | None, bool] = (None, False)  # outside trainer: (last step, running)
         self.spec = spec
         self._token = token
         self._clock_now = clock_now
         self._wall_now = wall_now
         self.write_limiter = RateLimiter(spec.max_events_per_s, monotonic)
         self.read_limiter = RateLimiter(spec.max_reads_per_s, monotonic)
-        self.ledger = IdempotencyLedger()
         self.metrics = AdminMetrics(control)
         self.document = build_document()
 
@@ -253,46 +285,175 @@ class AdminApp:
         return await handler(request)
 
     # ------------------------------------------------------------------ events
-    def _event(self, build: Callable[[web.Request, str | None], Awaitable[tuple[ElasticEvent, str]]]) -> Handler:
+    def _event(self, build: Callable[[web.Request, str | None], Awaitable[_Prepared]]) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             key = request.headers.get(IDEMPOTENCY_HEADER)
             if key is not None and not _IDENT.match(key):
                 raise ApiError(422, "validation", f"{IDEMPOTENCY_HEADER} must match {s.IDENT_PATTERN}",
                                [s.FieldError(field=IDEMPOTENCY_HEADER, reason=f"must match {s.IDENT_PATTERN}")])
-            event, digest = await build(request, key)
-            if self.ledger.conflicts(event.event_id, digest):
-                self.metrics.events.labels(event.kind.value, "rejected").inc()
-                raise ApiError(409, "idempotency_conflict",
-                               f"event id {event.event_id!r} was already used with a different payload")
-            try:
-                async with asyncio.timeout(self.spec.submit_timeout_s):
-                    result = await self.control.submit(event)
-            except UnknownResourceError as e:
-                self.ledger.forget(event.event_id)
-                self.metrics.events.labels(event.kind.value, "rejected").inc()
-                raise ApiError(404, "not_found", str(e), [s.FieldError(field=e.kind, reason=str(e))]) from None
-            except TimeoutError:
-                self.ledger.forget(event.event_id)
-                raise ApiError(503, "unavailable",
-                               f"the controller did not accept the event within {self.spec.submit_timeout_s} s; "
-                               f"retry with the same {IDEMPOTENCY_HEADER}", headers={"Retry-After": "1"}) from None
-            except ValueError as e:
-                self.ledger.forget(event.event_id)
-                self.metrics.events.labels(event.kind.value, "rejected").inc()
-                field, _, reason = str(e).partition(": ")
-                fields = [s.FieldError(field=field, reason=reason)] if reason else []
-                raise ApiError(409, "conflict", str(e), fields) from None
-            outcome = "duplicate" if result.duplicate else "applied" if result.applied else "ignored"
-            self.metrics.events.labels(event.kind.value, outcome).inc()
-            log.info("event %s id=%s from %s: %s %s", event.kind.value, event.event_id, request.remote, outcome,
-                     result.detail)
-            body = s.EventAcceptedOut(
-                applied=result.applied, duplicate=result.duplicate, event_id=event.event_id,
-                kind=event.kind.value, gpu_ids=list(_gpu_ids(event)), detail=result.detail,
-            )
-            return json_response(body.model_dump(), 200 if result.duplicate else 202)
+            pre = await build(request, key)
+            async with self._lock:  # check, journal and submit as one step: no interleaved twin
+                return await self._admit(request.remote or "?", pre)
 
         return handle
+
+    async def cloud_signal(self, instance_id: str, node: str, deadline_wall: float, source: str) -> dict[str, Any]:
+        """A node-side watcher's notice (``pearl.runtime.node.cloud_watch``) through the gate of the HTTP
+        routes: journaled, idempotent, one notice per instance (an EventBridge warning for the same
+        instance is the same notice). The GPUs are the instance's, else the node's preemptible ones.
+        Returns the ``EventAcceptedOut`` body; a refusal raises ``ApiError``."""
+        event_id = f"watch:{source}:{instance_id}:{int(deadline_wall)}"[:128]
+        n = cloud.CloudNotice(instance_id=instance_id, deadline_wall=deadline_wall, event_id=event_id, action=source)
+        digest = IdempotencyLedger.digest("cloud-watch", event_id.encode())
+        async with self._lock:
+            resp = await self._admit(f"cloud-watch@{node}", self._cloud_notice(n, None, digest, node))
+        assert isinstance(resp, web.Response) and resp.text is not None
+        out: dict[str, Any] = json.loads(resp.text)
+        return out
+
+    async def grant_gpus(self, gpus: list[dict[str, Any]], event_id: str) -> dict[str, Any]:
+        """A grant from inside the process (tools, the restart campaign) through the same gate as
+        ``POST /v1/events/gpus-granted``: validated, journaled, idempotent. A refusal raises ``ApiError``."""
+        try:
+            m = s.GpusGrantedIn.model_validate({"gpus": gpus, "event_id": event_id})
+        except ValidationError as e:
+            raise ApiError(422, "validation", str(e), _field_errors(e)) from None
+        ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus), event_id=event_id)
+        digest = IdempotencyLedger.digest("/v1/events/gpus-granted", m.model_dump_json(exclude={"event_id"}).encode())
+        async with self._lock:
+            resp = await self._admit("in-process", _Prepared(event_id, ev.kind.value, digest, lambda: ev))
+        assert isinstance(resp, web.Response) and resp.text is not None
+        out: dict[str, Any] = json.loads(resp.text)
+        return out
+
+    async def _admit(self, remote: str, pre: _Prepared) -> web.StreamResponse:
+        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+        chk = self.book.check(pre.event_id, pre.digest, pre.notice_id, pre.notice_digest)
+        if chk.verdict == "conflict":
+            self.metrics.events.labels(pre.kind, "rejected").inc()
+            raise ApiError(409, "idempotency_conflict",
+                           f"event id {pre.event_id!r} was already used with a different payload")
+        if chk.verdict == "notice_conflict":
+            self.metrics.events.labels(pre.kind, "rejected").inc()
+            raise ApiError(409, "notice_conflict",
+                           f"notice_id {pre.notice_id!r} already names another reclaim notice; one notice per id",
+                           [s.FieldError(field="notice_id", reason="already used by another notice")])
+        if chk.duplicate:
+            assert chk.prior is not None
+            self.metrics.events.labels(pre.kind, "duplicate").inc()
+            log.info("event %s id=%s from %s: duplicate of %s", pre.kind, pre.event_id, remote, chk.prior.event_id)
+            body = s.EventAcceptedOut(applied=False, duplicate=True, event_id=pre.event_id, kind=pre.kind,
+                                      gpu_ids=_journaled_gpus(chk.prior),
+                                      detail=f"already accepted as event {chk.prior.event_id}")
+            return json_response(body.model_dump(), 200)
+        event = pre.resolve()
+        self._check_policy(event)
+        record = _journal_body(event, self._clock_now(), self._wall_now())
+        if pre.notice_digest is not None:
+            record["notice_digest"] = pre.notice_digest
+        notice_id = event.notice_id if isinstance(event, ReclaimNotice) else None
+        replayed = isinstance(event, GpusGranted | ReclaimNotice)
+        self.book.accept(event.event_id, pre.kind, pre.digest, record, notice_id,
+                         "accepted" if replayed else "done")
+        try:
+            async with asyncio.timeout(self.spec.submit_timeout_s):
+                result = await self.control.submit(event)
+        except UnknownResourceError as e:
+            self.book.drop(event.event_id)
+            self.metrics.events.labels(pre.kind, "rejected").inc()
+            raise ApiError(404, "not_found", str(e), [s.FieldError(field=e.kind, reason=str(e))]) from None
+        except TimeoutError:
+            self.book.drop(event.event_id)
+            raise ApiError(503, "unavailable",
+                           f"the controller did not accept the event within {self.spec.submit_timeout_s} s; "
+                           f"retry with the same {IDEMPOTENCY_HEADER}", headers={"Retry-After": "1"}) from None
+        except ValueError as e:
+            self.book.drop(event.event_id)
+            self.metrics.events.labels(pre.kind, "rejected").inc()
+            field, _, reason = str(e).partition(": ")
+            fields = [s.FieldError(field=field, reason=reason)] if reason else []
+            raise ApiError(409, "conflict", str(e), fields) from None
+        if isinstance(event, NoticeCancelled):
+            first = self.book.notice(event.notice_id)
+            if first is not None:
+                self.book.set_status(first.event_id, "cancelled")
+        if isinstance(event, TrainingStarted):
+            self._training = (event.step, True)
+        elif isinstance(event, TrainingFinished):
+            self._training = (event.step, False)
+        outcome = "duplicate" if result.duplicate else "applied" if result.applied else "ignored"
+        self.metrics.events.labels(pre.kind, outcome).inc()
+        log.info("event %s id=%s from %s: %s %s", pre.kind, event.event_id, remote, outcome, result.detail)
+        body = s.EventAcceptedOut(
+            applied=result.applied, duplicate=result.duplicate, event_id=event.event_id,
+            kind=pre.kind, gpu_ids=list(_gpu_ids(event)), detail=result.detail,
+        )
+        return json_response(body.model_dump(), 200 if result.duplicate else 202)
+
+    def _check_policy(self, event: ElasticEvent) -> None:
+        """Rules on the event against what the API knows (409 naming the rule): training events
+        belong to an internal trainer when there is one, and their steps never go back or overlap;
+        grants stay within ``cluster.max_preemptible_gpus`` on known nodes."""
+        if isinstance(event, TrainingStarted | TrainingFinished):
+            if self.policy.training_owner is not None:
+                raise ApiError(409, "training_owned",
+                               f"training events come from {self.policy.training_owner}, which runs inside this "
+                               "controller; outside training events are refused",
+                               [s.FieldError(field="step", reason=f"owned by {self.policy.training_owner}")])
+            last, running = self._training
+            if isinstance(event, TrainingStarted) and last is not None and event.step < last:
+                raise ApiError(409, "conflict", f"step {event.step} is behind the trainer's step {last}",
+                               [s.FieldError(field="step", reason=f"must be >= {last}")])
+            if isinstance(event, TrainingFinished) and last is not None:
+                if running and event.step != last:
+                    raise ApiError(409, "conflict", f"training step {last} is running: only its own "
+                                   f"training-finished (step {last}) may lend its GPUs, not step {event.step}",
+                                   [s.FieldError(field="step", reason=f"must be {last}")])
+                if not running and event.step < last:
+                    raise ApiError(409, "conflict", f"step {event.step} is behind the trainer's step {last}",
+                                   [s.FieldError(field="step", reason=f"must be >= {last}")])
+        if isinstance(event, GpusGranted):
+            state = self.control.state_dict()
+            nodes = self.policy.known_nodes() if self.policy.known_nodes is not None else (
+                {str(g.get("node")) for g in state.get("gpus", [])} | _rank_nodes())
+            for i, g in enumerate(event.gpus):
+                if g.node not in nodes:
+                    raise ApiError(409, "unknown_node",
+                                   f"gpus[{i}].node: {g.node!r} is not a node of this cluster "
+                                   f"(known: {', '.join(sorted(nodes)[:8])})",
+                                   [s.FieldError(field=f"gpus.{i}.node", reason="unknown node")])
+            cap = self.policy.max_preemptible_gpus
+            if cap is not None:
+                have = {str(g["gpu_id"]) for g in state.get("gpus", []) if g.get("zone") == "preemptible"}
+                have |= self.book.pending_grant_gpus()
+                new = {g.gpu_id for g in event.gpus} - have
+                if len(have) + len(new) > cap:
+                    raise ApiError(409, "over_capacity",
+                                   f"granting {len(new)} GPU(s) to the {len(have)} preemptible GPU(s) held would "
+                                   f"exceed cluster.max_preemptible_gpus={cap}",
+                                   [s.FieldError(field="gpus", reason=f"at most {max(cap - len(have), 0)} more")])
+
+    def settle(self) -> None:
+        """Mark finished grants and notices ``done`` against the current table (``EventBook.settle``)."""
+        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+
+    async def replay(self) -> dict[str, int]:
+        """Submit again every accepted grant and reclaim notice the controller has not finished
+        (after a restart on the journal; ``pearl.admin.events``). Returns counts by outcome."""
+        out = {"replayed": 0, "done": 0}
+        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+        for rec in self.book.replayable():
+            event = _from_journal(rec, self._clock_now(), self._wall_now())
+            try:
+                res = await self.control.submit(event)
+            except (UnknownResourceError, ValueError) as e:
+                log.info("journaled event %s %s: nothing to replay (%s)", rec.kind, rec.event_id, e)
+                self.book.set_status(rec.event_id, "done")
+                out["done"] += 1
+                continue
+            out["replayed"] += 1
+            log.info("journaled event %s %s replayed: %s", rec.kind, rec.event_id, res.detail)
+        return out
 
     @staticmethod
     def _event_id(key: str | None, body_id: str | None) -> str:
@@ -306,63 +467,90 @@ class AdminApp:
     def _digest(request: web.Request, m: BaseModel) -> str:
         return IdempotencyLedger.digest(request.path, m.model_dump_json(exclude={"event_id"}).encode())
 
-    async def _grant(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.GpusGrantedIn)
+    async def _grant(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.GpusGrantedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.GpusGrantedIn)
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus),
                          event_id=self._event_id(key, m.event_id))
-        return ev, self._digest(request, m)
+        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
-    async def _reclaim(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.ReclaimNoticeIn)
+    async def _reclaim(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.ReclaimNoticeIn, self.spec.read_timeout_s)
         assert isinstance(m, s.ReclaimNoticeIn)
         event_id = self._event_id(key, m.event_id)
-        gpu_ids = tuple(m.gpu_ids) if m.gpu_ids is not None else self._instance(m.instance_id or "")
-        now_c = self._clock_now()
-        if m.deadline_in_s is not None:
-            deadline = now_c + m.deadline_in_s
-        else:
-            assert m.deadline is not None
-            deadline = cloud.wall_to_clock(m.deadline.timestamp(), now_c, self._wall_now())
-        ev = ReclaimNotice(gpu_ids, deadline, notice_id=m.notice_id or event_id, event_id=event_id)
-        return ev, self._digest(request, m)
+        now_c, now_w = self._clock_now(), self._wall_now()
+        if m.deadline is not None and m.deadline.timestamp() - now_w > s.MAX_DEADLINE_S:
+            raise ApiError(422, "validation", f"deadline is more than {s.MAX_DEADLINE_S:.0f} s away "
+                           "(deadline_in_s has the same bound)",
+                           [s.FieldError(field="deadline", reason=f"at most {s.MAX_DEADLINE_S:.0f} s from now")])
+        digest = self._digest(request, m)
 
-    async def _cancel(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.NoticeCancelledIn)
+        def resolve() -> ElasticEvent:
+            gpu_ids = tuple(m.gpu_ids) if m.gpu_ids is not None else self._instance(m.instance_id or "")
+            if m.deadline_in_s is not None:
+                deadline = now_c + m.deadline_in_s
+            else:
+                assert m.deadline is not None
+                deadline = cloud.wall_to_clock(m.deadline.timestamp(), now_c, now_w)
+            return ReclaimNotice(gpu_ids, deadline, notice_id=m.notice_id or event_id, event_id=event_id)
+
+        return _Prepared(event_id, "reclaim_notice", digest, resolve, m.notice_id or event_id,
+                         IdempotencyLedger.digest("notice", m.model_dump_json(exclude={"event_id"}).encode()))
+
+    async def _cancel(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.NoticeCancelledIn, self.spec.read_timeout_s)
         assert isinstance(m, s.NoticeCancelledIn)
-        return NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id)), self._digest(request, m)
+        ev = NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id))
+        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
-    async def _training_started(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.TrainingStartedIn)
+    async def _training_started(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.TrainingStartedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingStartedIn)
-        return TrainingStarted(m.step, event_id=self._event_id(key, m.event_id)), self._digest(request, m)
+        ev = TrainingStarted(m.step, event_id=self._event_id(key, m.event_id))
+        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
-    async def _training_finished(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.TrainingFinishedIn)
+    async def _training_finished(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.TrainingFinishedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingFinishedIn)
         ev = TrainingFinished(m.step, m.weight_version, m.expected_idle_s, event_id=self._event_id(key, m.event_id))
-        return ev, self._digest(request, m)
+        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
 
-    async def _eventbridge(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
-        m = await _read_model(request, s.AwsSpotInterruptionIn)
+    async def _eventbridge(self, request: web.Request, key: str | None) -> _Prepared:
+        m = await _read_model(request, s.AwsSpotInterruptionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.AwsSpotInterruptionIn)
-        return self._cloud_notice(cloud.from_eventbridge(m), key), self._digest(request, m)
+        return self._cloud_notice(cloud.from_eventbridge(m), key, self._digest(request, m))
 
-    async def _instance_action(self, request: web.Request, key: str | None) -> tuple[ElasticEvent, str]:
+    async def _instance_action(self, request: web.Request, key: str | None) -> _Prepared:
         instance_id = request.query.get("instance_id")
         if instance_id is None or not _IDENT.match(instance_id):
             reason = "required" if instance_id is None else f"must match {s.IDENT_PATTERN}"
             raise ApiError(422, "validation", f"query parameter instance_id: {reason}",
                            [s.FieldError(field="instance_id", reason=reason)])
-        m = await _read_model(request, s.InstanceActionIn)
+        m = await _read_model(request, s.InstanceActionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.InstanceActionIn)
-        return self._cloud_notice(cloud.from_instance_action(m, instance_id), key), self._digest(request, m)
+        digest = IdempotencyLedger.digest(f"{request.path}?{instance_id}", m.model_dump_json().encode())
+        return self._cloud_notice(cloud.from_instance_action(m, instance_id), key, digest)
 
-    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None) -> ReclaimNotice:
-        gpu_ids = self._instance(n.instance_id)
-        deadline = cloud.wall_to_clock(n.deadline_wall, self._clock_now(), self._wall_now())
+    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None, digest: str, node: str | None = None) -> _Prepared:
+        """A cloud notice names its instance: the notice id is the instance id, and every cloud notice
+        for one instance (EventBridge warning, metadata document, a node watcher's) is one notice.
+        ``node``: a watcher's node, whose preemptible GPUs are meant when the instance is unknown."""
         event_id = key or n.event_id
-        return ReclaimNotice(gpu_ids, deadline, notice_id=f"{n.instance_id}", event_id=event_id)
+        now_c, now_w = self._clock_now(), self._wall_now()
+
+        def resolve() -> ElasticEvent:
+            try:
+                gpu_ids = self._instance(n.instance_id)
+            except ApiError:
+                spot = [g["gpu_id"] for g in self.control.state_dict().get("gpus", [])
+                        if node is not None and g.get("node") == node and g.get("zone") == "preemptible"]
+                if not spot:
+                    raise
+                gpu_ids = tuple(sorted(spot))
+            return ReclaimNotice(gpu_ids, cloud.wall_to_clock(n.deadline_wall, now_c, now_w),
+                                 notice_id=n.instance_id, event_id=event_id)
+
+        return _Prepared(event_id, "reclaim_notice", digest, resolve, n.instance_id, f"cloud:{n.instance_id}")
 
     def _instance(self, instance_id: str) -> tuple[str, ...]:
         try:
@@ -422,6 +610,76 @@ def _gpu_ids(event: ElasticEvent) -> tuple[str, ...]:
     return ()
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A parsed event request: its id and digests, and how to build the event (``resolve`` may look
+    an instance up: 404), which runs only once the idempotency checks passed."""
+
+    event_id: str
+    kind: str
+    digest: str
+    resolve: Callable[[], ElasticEvent]
+    notice_id: str | None = None
+    notice_digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventPolicy:
+    """What the API enforces on events beyond their schema (``AdminApp._check_policy``).
+
+    ``training_owner``: the internal trainer (named in the 409), None when training events come from
+    outside; ``max_preemptible_gpus``: ``cluster.max_preemptible_gpus`` (None: unbounded);
+    ``known_nodes``: node names a grant may name (None: the nodes of the GPU table and ``node<r>``
+    for every rank of the job, ``node0`` on one node)."""
+
+    training_owner: str | None = None
+    max_preemptible_gpus: int | None = None
+    known_nodes: Callable[[], set[str]] | None = None
+
+
+def _rank_nodes() -> set[str]:
+    """``node<r>`` for every rank of this job (``WORLD_SIZE``, 1 outside torchrun): the nodes a
+    grant may name besides those already in the GPU table."""
+    try:
+        world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        world = 1
+    return {f"node{r}" for r in range(world)}
+
+
+def _journaled_gpus(rec: JournaledEvent) -> list[str]:
+    if rec.kind == "gpus_granted":
+        return [str(g["gpu_id"]) for g in rec.body.get("gpus", [])]
+    return [str(g) for g in rec.body.get("gpu_ids", [])]
+
+
+def _journal_body(event: ElasticEvent, now_c: float, now_w: float) -> dict[str, Any]:
+    """The event as JSON data for the journal; a deadline as wall-clock POSIX seconds."""
+    if isinstance(event, GpusGranted):
+        return {"gpus": [{"gpu_id": g.gpu_id, "node": g.node, "instance_id": g.instance_id} for g in event.gpus]}
+    if isinstance(event, ReclaimNotice):
+        return {"gpu_ids": list(event.gpu_ids), "deadline_wall": now_w + (event.deadline - now_c),
+                "notice_id": event.notice_id}
+    if isinstance(event, NoticeCancelled):
+        return {"notice_id": event.notice_id}
+    if isinstance(event, TrainingStarted):
+        return {"step": event.step}
+    if isinstance(event, TrainingFinished):
+        return {"step": event.step, "weight_version": event.weight_version, "expected_idle_s": event.expected_idle_s}
+    return {}
+
+
+def _from_journal(rec: JournaledEvent, now_c: float, now_w: float) -> ElasticEvent:
+    b = rec.body
+    if rec.kind == "gpus_granted":
+        return GpusGranted(tuple(GrantedGpu(g["gpu_id"], g["node"], g.get("instance_id")) for g in b["gpus"]),
+                           event_id=rec.event_id)
+    if rec.kind == "reclaim_notice":
+        return ReclaimNotice(tuple(b["gpu_ids"]), cloud.wall_to_clock(float(b["deadline_wall"]), now_c, now_w),
+                             notice_id=str(b.get("notice_id") or rec.event_id), event_id=rec.event_id)
+    raise ValueError(f"journaled event {rec.event_id!r} of kind {rec.kind!r} is not replayed")
+
+
 def build_app(
     control: ControlPlane,
     spec: AdminSpec,
@@ -434,18 +692,96 @@ def build_app(
     return AdminApp(control, spec, token, clock_now, wall_now, monotonic, nodes).build()
 
 
+class _Protocol(RequestHandler):
+    """aiohttp's connection handler with two changes: a request line + headers must arrive within
+    ``head_timeout_s`` of the connection opening (a slow client is disconnected), and a request
+    the HTTP parser rejects (bad header byte, line over 8 KiB, ...) is answered with the API's JSON
+    ``ErrorOut`` and logged as one line without the offending bytes (they may hold the token)."""
+
+    head_timeout_s = 30.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            self.head_timeout_s, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self._request_count == 0 and self.transport is not None:
+            log.info("admin API: no request head within %.0f s (admin.read_timeout_s): connection closed",
+                     self.head_timeout_s)
+            self.force_close()
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._request_count and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        reason = type(exc).__name__ if exc is not None else "bad request"
+        log.warning("admin API: %d from %s: the HTTP parser rejected the request (%s)", status, request.remote, reason)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        body = s.ErrorOut(error="bad_request", message=f"malformed HTTP request ({reason})").model_dump()
+        resp = json_response(body, status)
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    head_timeout_s = 30.0
+
+    def __call__(self) -> RequestHandler:
+        proto = _Protocol(self, loop=self._loop, **self._kwargs)
+        proto.head_timeout_s = self.head_timeout_s
+        return proto
+
+
+class _Runner(web.AppRunner):
+    """``AppRunner`` whose server makes ``_Protocol`` connection handlers."""
+
+    def __init__(self, app: web.Application, head_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._head_timeout_s = head_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        srv = await super()._make_server()
+        srv.__class__ = _Server  # same state, our connection handler
+        assert isinstance(srv, _Server)
+        srv.head_timeout_s = self._head_timeout_s
+        return srv
+
+
 class AdminServer:
     """Serves the admin app on ``host:port`` (port 0: any free port; see ``.port`` after ``start``)."""
 
     def __init__(self, control: ControlPlane, spec: AdminSpec, clock_now: Callable[[], float],
                  host: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
-                 nodes: NodesProvider | None = None) -> None:
+                 nodes: NodesProvider | None = None, journal: Journal | None = None,
+                 policy: EventPolicy | None = None) -> None:
         self.host = host if host is not None else spec.host
         self.port = port if port is not None else spec.port
         self.token = resolve_token(spec.token, env)
         check_listen(self.host, self.token)
-        self.app = build_app(control, spec, self.token, clock_now, nodes=nodes)
+        self.admin = AdminApp(control, spec, self.token, clock_now, nodes=nodes, journal=journal, policy=policy)
+        self._read_timeout_s = spec.read_timeout_s
+        self.app = self.admin.build()
         self._runner: web.AppRunner | None = None
+
+    async def replay(self) -> dict[str, int]:
+        """Replay the journaled events the controller has not finished (``AdminApp.replay``)."""
+        return await self.admin.replay()
 
     @property
     def url(self) -> str:
@@ -455,8 +791,8 @@ class AdminServer:
     async def start(self) -> None:
         if self.token is None:
             log.warning("admin API on %s:%s has no token: open to every local process", self.host, self.port)
-        self._runner = web.AppRunner(self.app, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
-                                     access_log_class=PathOnlyAccessLogger)
+        self._runner = _Runner(self.app, self._read_timeout_s, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
+                               access_log_class=PathOnlyAccessLogger, keepalive_timeout=self._read_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -469,3 +805,4 @@ class AdminServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.admin.settle()  # what finished meanwhile is not replayed by the next start

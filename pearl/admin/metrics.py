@@ -7,7 +7,10 @@ tests, must not collide). Two kinds of series:
   ``pearl_admin_request_seconds{route}`` (histogram), ``pearl_admin_events_total{kind,result}``
   with result in applied|duplicate|rejected;
 - controller gauges read from the ``ControlPlane`` at scrape time (a custom collector, so a scrape
-  always shows the current table): GPUs per zone, workers per role and status, rollout progress.
+  always shows the current table): GPUs per zone, workers per role and status (every pair, 0
+  included), rollout progress in base units (``pearl_throughput_trajectories_per_second``). The
+  train step and weight version come from the controller, which a restart resumes at the
+  journaled version (``pearl.serve.build_controller``), so they do not fall back to 0.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from pearl.core.state import Role, WorkerStatus
 from pearl.runtime.control import ControlPlane
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,8 +50,10 @@ class ControlPlaneCollector(Collector):
         yield lent
         workers = GaugeMetricFamily("pearl_workers", "workers by role and status", labels=["role", "status"])
         per = _Count((str(w.get("role")), str(w.get("status"))) for w in state.get("workers", []))
-        for (role, status), n in sorted(per.items()):
-            workers.add_metric([role, status], n)
+        # every (role, status) pair is exported, 0 included: a series that vanishes at 0 reads as
+        # "no data" in an alert, not as "no worker"
+        for key in sorted(set(per) | {(r.value, st.value) for r in Role for st in WorkerStatus}):
+            workers.add_metric(list(key), per.get(key, 0))
         yield workers
         version = GaugeMetricFamily("pearl_state_version", "GPU-worker-role table version")
         version.add_metric([], float(state.get("version", 0)))
@@ -59,7 +65,8 @@ class ControlPlaneCollector(Collector):
             ("pearl_train_step", "training steps completed", p.train_step),
             ("pearl_weight_version", "latest weight version", p.weight_version),
             ("pearl_trajectories_in_flight", "trajectories being rolled out", p.trajectories_in_flight),
-            ("pearl_throughput_traj_per_hour", "completed trajectories per hour", p.throughput_traj_per_h),
+            ("pearl_throughput_trajectories_per_second", "completed trajectories per second (base unit)",
+             p.throughput_traj_per_h / 3600.0),
             ("pearl_uptime_seconds", "controller uptime", p.uptime_s),
         ):
             g = GaugeMetricFamily(name, doc)

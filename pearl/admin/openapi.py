@@ -36,7 +36,7 @@ class RouteDoc:
     text: bool = False  # text/plain response
 
 
-_EVENT_ERRORS = (400, 401, 409, 413, 415, 422, 429, 503)
+_EVENT_ERRORS = (400, 401, 408, 409, 413, 415, 422, 429, 503)
 
 ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("POST", "/v1/events/gpus-granted", "gpusGranted", "Preemptible GPUs were granted",
@@ -73,10 +73,13 @@ ROUTES: tuple[RouteDoc, ...] = (
 )
 
 _REASONS = {
-    400: "malformed request (not JSON, bad query parameter)",
+    400: "malformed request (not HTTP, not JSON, a bad query parameter, a body that ended early)",
+    408: "the body did not arrive within admin.read_timeout_s",
     401: "missing or wrong bearer token",
     404: "unknown GPU, instance or notice",
-    409: "conflict: idempotency key reused with another payload, or the event conflicts with the current state",
+    409: "conflict: idempotency key or notice_id reused with another payload, a training event while an "
+         "internal trainer owns them or with a step behind / beside the running one, a grant over "
+         "cluster.max_preemptible_gpus or on an unknown node, or the event conflicts with the current state",
     413: "request body over the size limit",
     415: "body is not application/json",
     422: "validation failed: `fields` names each field and the reason",

@@ -6,7 +6,8 @@ unknown keys (a typo must not be silently ignored); the AWS shapes allow them (A
 
 Identifiers (GPU, node, instance, notice, event ids) are 1-128 characters from ``[A-Za-z0-9._:/@+-]``:
 wide enough for ``i-0abc...`` instance ids and ARNs' tails, narrow enough that nothing a client sends
-can inject into a log line. Floats reject NaN and infinity.
+can inject into a log line. Floats reject NaN and infinity. Numbers are JSON numbers: ``true`` is
+not a number and ``"3"`` not a step (``Int`` / ``Num``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.json_schema import WithJsonSchema
 
 IDENT_PATTERN = r"^[A-Za-z0-9._:/@+\-]{1,128}$"
@@ -22,6 +23,22 @@ Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=I
 
 #: A reclaim deadline further away than this is rejected (clouds give minutes, not days).
 MAX_DEADLINE_S = 86_400.0
+
+
+def _a_number(v: Any) -> Any:
+    """JSON numbers only: ``true`` / ``false`` and numeric strings are refused (pydantic's lax mode
+    would read them as 1 / 0 / 3). An integral float such as ``3.0`` is the integer 3, as in JSON Schema."""
+    if isinstance(v, bool | str | bytes):
+        raise ValueError(f"must be a JSON number, not {type(v).__name__}")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_a_number)]
+Num = Annotated[float, BeforeValidator(_a_number)]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
 
 
 class _In(BaseModel):
@@ -71,20 +88,23 @@ class ReclaimNoticeIn(_In):
     )
 
     # plain ``X | None`` for validation; the JSON Schema leaves the null out (null is refused below)
+    # and has no ``default`` (a default of null would not match the field's own schema)
     gpu_ids: Annotated[
         list[Ident] | None,
         WithJsonSchema({"type": "array", "items": {"type": "string", "pattern": IDENT_PATTERN},
                         "minItems": 1, "maxItems": 1024}),
-    ] = Field(default=None, min_length=1, max_length=1024)
-    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN})] = None
+    ] = Field(default=None, min_length=1, max_length=1024, json_schema_extra=_no_default)
+    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN})] = Field(
+        default=None, json_schema_extra=_no_default)
     deadline_in_s: Annotated[
-        float | None, WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S})
-    ] = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
+        Num | None, WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S})
+    ] = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False, json_schema_extra=_no_default)
     deadline: Annotated[
         datetime | None,
         WithJsonSchema({"type": "string", "format": "date-time",
-                        "description": "absolute deadline, RFC 3339 with a time zone"}),
-    ] = None
+                        "description": "absolute deadline, RFC 3339 with a time zone, at most "
+                                       f"{MAX_DEADLINE_S:.0f} s from now"}),
+    ] = Field(default=None, json_schema_extra=_no_default)
     notice_id: Ident | None = Field(default=None, description="id to cancel the notice by (default: the event id)")
     event_id: Ident | None = None
 
@@ -124,14 +144,14 @@ class NoticeCancelledIn(_In):
 
 
 class TrainingStartedIn(_In):
-    step: int = Field(ge=0, le=2**31)
+    step: Int = Field(ge=0, le=2**31)
     event_id: Ident | None = None
 
 
 class TrainingFinishedIn(_In):
-    step: int = Field(ge=0, le=2**31)
-    weight_version: int = Field(ge=0, le=2**31)
-    expected_idle_s: float | None = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
+    step: Int = Field(ge=0, le=2**31)
+    weight_version: Int = Field(ge=0, le=2**31)
+    expected_idle_s: Num | None = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
     event_id: Ident | None = None
 
 

@@ -186,10 +186,15 @@ class ChildServer(ABC):
             await reaper.wait()
 
     def _kill_group(self, sig: int) -> None:
+        """Signal the server's own process group (it was started with ``start_new_session``); a pid or
+        group <= 1, or our own group, is never signalled (``killpg`` would hit init or ourselves)."""
         if self.proc is None:
             return
+        pid = self.proc.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+            if not isinstance(pid, int) or pid <= 1 or os.getpgid(pid) <= 1 or os.getpgid(pid) == os.getpgrp():
+                return
+            os.killpg(pid, sig)
 
     async def stop(self) -> None:
         """SIGTERM the process group, SIGKILL after ``STOP_GRACE_S``; idempotent."""

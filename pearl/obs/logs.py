@@ -8,8 +8,12 @@ JSON lines: ``{"t": <POSIX s>, "level": "INFO", "logger": "pearl.admin", "rank":
 ...extra}`` where ``extra`` are the ``extra={...}`` fields a call passes, and ``exc`` the formatted
 traceback if any.
 
-Secrets: ``RedactFilter`` replaces every occurrence of the given secrets (the admin token) in the
-final message by ``***``. The admin API never logs headers; this is the second line of defence.
+Secrets: ``RedactFilter`` replaces every occurrence of the given secrets (the admin token) by
+``***`` in everything a formatter can emit: the final message (``msg`` with its ``args``), the
+traceback text (``exc_info`` is formatted into ``exc_text`` once and redacted, then dropped, so no
+formatter formats the raw exception again) and ``stack_info``. Extra fields are redacted too (JSON
+lines emit them). The admin API never logs headers; this is the second line of defence for what a
+library logs on its own (aiohttp's parser errors quote the offending header or request line).
 """
 
 from __future__ import annotations
@@ -41,27 +45,47 @@ class JsonFormatter(logging.Formatter):
         for k, v in vars(record).items():
             if k not in _STD_ATTRS and not k.startswith("_"):
                 out[k] = v if isinstance(v, str | int | float | bool | type(None)) else repr(v)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = record.stack_info
         return json.dumps(out, default=repr)
 
 
 class RedactFilter(logging.Filter):
-    """Replace secrets in a record's final message (and its traceback text) by ``***``."""
+    """Replace secrets in everything a record can emit (message, traceback, stack, extras) by ``***``."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
         self.secrets = [s for s in secrets if s]
+        self._fmt = logging.Formatter()
+
+    def _red(self, text: str) -> str:
+        for s in self.secrets:
+            text = text.replace(s, "***")
+        return text
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.secrets:
             return True
-        msg = record.getMessage()
-        red = msg
-        for s in self.secrets:
-            red = red.replace(s, "***")
-        if red != msg:
-            record.msg, record.args = red, ()
+        try:
+            msg = record.getMessage()
+        except Exception:  # a bad format string: keep its parts, redacted
+            msg = f"{record.msg} {record.args!r}"
+        record.msg, record.args = self._red(msg), ()
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = self._fmt.formatException(record.exc_info)
+            record.exc_info = None
+        if record.exc_text:
+            record.exc_text = self._red(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self._red(record.stack_info)
+        for k, v in list(vars(record).items()):
+            if k not in _STD_ATTRS and not k.startswith("_") and isinstance(v, str):
+                setattr(record, k, self._red(v))
         return True
 
 

@@ -13,6 +13,7 @@ Life cycle::
     j.record_trajectory(record)            # completed: record + drop its partials (one transaction)
     j.record_consumed([tid, ...])          # trained on, update durable (never re-delivered)
     j.record_state(state.to_dict())        # the GPU-worker-role table after every applied change
+    j.record_event(JournaledEvent(...))    # an elastic event the admin API accepted (before its 202)
     ...  kill -9  ...
     run = Journal(path).recover()          # RecoveredRun(completed, partials, state, consumed)
     j.close()
@@ -51,6 +52,12 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
      journaled parts is answered from the journal (``JournaledEngine``: one part per attempt, the
      unfinished ones as ``abort`` so the pipeline continues with prompt + part), so no journaled
      token is generated again and none is lost; only the remainder is generated.
+
+Elastic events (table ``events``, written by ``pearl.admin.events.EventBook``): every event the
+admin API answers 202 is journaled first, with its payload digest (idempotency survives a
+restart), its notice id (one notice per id) and a status (``accepted`` -> ``done`` /
+``cancelled``); a restarted service replays the accepted grants and notices. The emulated trainer's
+policy version after a restart is ``trained_batches`` (one update per consumed batch).
 
 Idempotence. ``record_trajectory`` of an id that is already completed is ignored (returns False):
 a trajectory is completed at most once. ``record_partial`` of a completed trajectory is ignored
@@ -96,7 +103,22 @@ CREATE TABLE IF NOT EXISTS cluster_state (
     version INTEGER NOT NULL,
     body    TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS events (
+    event_id  TEXT PRIMARY KEY,
+    seq       INTEGER NOT NULL,
+    kind      TEXT NOT NULL,
+    digest    TEXT NOT NULL,
+    notice_id TEXT,
+    status    TEXT NOT NULL,
+    body      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_notice ON events(notice_id);
 """
+
+#: ``events.status``: ``accepted`` (journaled, answered 202, replayed after a restart), ``done``
+#: (nothing left to replay: a notice whose GPUs are gone, a grant whose GPUs are in the table, a
+#: training event), ``cancelled`` (a notice withdrawn by ``NoticeCancelled``)
+EventStatus = Literal["accepted", "done", "cancelled"]
 
 
 class JournalError(RuntimeError):
@@ -121,6 +143,24 @@ class PartialOutput:
             token_ids=self.tokens, trained=True, logprobs=self.logprobs, weight_version=self.weight_version,
             turn=self.turn,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class JournaledEvent:
+    """One elastic event the admin API accepted (``Journal.record_event``).
+
+    ``body``: the event as JSON-able data, deadlines as wall-clock POSIX seconds (a restarted
+    controller's clock has another origin); ``digest``: the request's payload digest (same id with
+    another digest is an idempotency conflict); ``notice_id``: a reclaim notice's id (one notice
+    per id)."""
+
+    event_id: str
+    kind: str
+    digest: str
+    status: str
+    body: Mapping[str, Any]
+    notice_id: str | None = None
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +337,43 @@ class Journal:
             ]
         )
 
+    def record_event(self, ev: JournaledEvent) -> bool:
+        """Journal an accepted elastic event (one transaction, committed before the admin API answers
+        202). False (nothing written) if its id is already journaled."""
+        if self._db.execute("SELECT 1 FROM events WHERE event_id=?", (ev.event_id,)).fetchone():
+            return False
+        seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]) + 1
+        self._tx([("INSERT INTO events(event_id, seq, kind, digest, notice_id, status, body) VALUES (?,?,?,?,?,?,?)",
+                   (ev.event_id, seq, ev.kind, ev.digest, ev.notice_id, ev.status,
+                    json.dumps(dict(ev.body), separators=(",", ":"), default=str)))])
+        return True
+
+    def set_event_status(self, event_id: str, status: EventStatus) -> None:
+        self._tx([("UPDATE events SET status=? WHERE event_id=?", (status, event_id))])
+
+    def drop_event(self, event_id: str) -> None:
+        """Forget an event the controller rejected (a corrected retry may reuse its id)."""
+        self._tx([("DELETE FROM events WHERE event_id=?", (event_id,))])
+
+    def events(self) -> tuple[JournaledEvent, ...]:
+        """Every journaled elastic event, in acceptance order."""
+        return tuple(
+            JournaledEvent(eid, kind, digest, status, MappingProxyType(json.loads(body)), nid, seq)
+            for eid, seq, kind, digest, nid, status, body in self._db.execute(
+                "SELECT event_id, seq, kind, digest, notice_id, status, body FROM events ORDER BY seq")
+        )
+
     # ------------------------------------------------------------------ reads
+    def consumed_ids(self) -> frozenset[str]:
+        """Ids of the completed trajectories the trainer consumed (its update on them is durable)."""
+        return frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories WHERE consumed=1"))
+
+    def trained_batches(self, batch_size: int) -> int:
+        """Rollout batches the trainer consumed, in order: ``first_unconsumed_batch`` of the
+        consumed ids. A trainer making one update per batch (the emulated one) stands at this
+        policy version after a restart."""
+        return first_unconsumed_batch(self.consumed_ids(), batch_size)
+
     def completed(self) -> tuple[TrajectoryRecord, ...]:
         """Every journaled completed trajectory, in completion order."""
         rows = self._db.execute("SELECT body FROM trajectories ORDER BY seq").fetchall()
@@ -325,7 +401,7 @@ class Journal:
         self._db.execute("BEGIN")
         try:
             completed = self.completed()
-            consumed = frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories WHERE consumed=1"))
+            consumed = self.consumed_ids()
             partials = self.partials()
             state = self.state()
         finally:
@@ -337,8 +413,9 @@ class Journal:
         c = self._db.execute("SELECT COUNT(*), COALESCE(SUM(consumed),0) FROM trajectories").fetchone()
         p = self._db.execute("SELECT COUNT(*), COUNT(DISTINCT traj_id) FROM partials").fetchone()
         toks = sum(len(json.loads(t)) for (t,) in self._db.execute("SELECT tokens FROM partials"))
+        e = self._db.execute("SELECT COUNT(*), COALESCE(SUM(status='accepted'),0) FROM events").fetchone()
         return {"completed": int(c[0]), "consumed": int(c[1]), "partials": int(p[0]), "in_flight": int(p[1]),
-                "partial_tokens": toks}
+                "partial_tokens": toks, "events": int(e[0]), "events_pending": int(e[1])}
 
 
 # ------------------------------------------------------------------------------ restart wiring

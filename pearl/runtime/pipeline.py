@@ -320,7 +320,8 @@ class Router:
 @dataclass
 class PipelineStats:
     rollout_step: int = 0  # batches completed
-    trajectories_completed: int = 0
+    trajectories_completed: int = 0  # completed in this run (journaled ones handed on again: below)
+    trajectories_redelivered: int = 0  # completed before a restart, handed on from the journal
     trajectories_failed: int = 0
     trajectories_in_flight: int = 0
     interruptions: int = 0  # aborted requests resumed
@@ -577,8 +578,8 @@ class PipelineScheduler:
     # ------------------------------------------------------------------ one trajectory
     async def _trajectory(self, spec: SessionSpec) -> TrajectoryRecord:
         journaled = self._recovered.pop(spec.traj_id, None)
-        if journaled is not None:  # completed before a restart: hand it on as it was
-            self.stats.trajectories_completed += 1
+        if journaled is not None:  # completed before a restart: hand it on as it was (not new work)
+            self.stats.trajectories_redelivered += 1
             return journaled
         t = _Traj(spec)
         self._trajs[spec.traj_id] = t

@@ -15,6 +15,12 @@ Role: the training side of an asynchronous RL run in a replay. It owns one backg
 ``expected_idle_s`` is the trainer's running estimate of its idle window: the EMA (alpha 0.5) of
 the time it waited for previous batches (None before the first measured wait).
 
+Resume: the emulated trainer holds no weights, only its policy version, which is the number of
+updates it has made; an update makes one version from one batch. A restarted run passes
+``start_version`` = the number of rollout batches the journal holds as consumed
+(``pearl.runtime.journal.Journal.trained_batches``), so step ``start_version + 1`` trains on the
+first batch the pipeline hands out again and the staleness gate sees the version it waits for.
+
 Public names: ``EmulatedTrainer``, ``TrainerStats``.
 """
 
@@ -49,14 +55,18 @@ class EmulatedTrainer:
         notify: Callable[[ElasticEvent], Awaitable[Any]],
         publish: Callable[[int], Awaitable[Any]] | None = None,
         ema_alpha: float = 0.5,
+        start_version: int = 0,
     ) -> None:
+        if start_version < 0:
+            raise ValueError(f"start_version={start_version} must be >= 0")
         self.clock = clock
         self.step_time_s = step_time_s
         self.take_batch = take_batch
         self.notify = notify
         self.publish = publish
         self.ema_alpha = ema_alpha
-        self.stats = TrainerStats()
+        self.stats = TrainerStats(steps=start_version, version=start_version)
+        self.start_version = start_version
         self.training = False
         self._idle_estimate: float | None = None
         self._task: asyncio.Task[None] | None = None

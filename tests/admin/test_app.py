@@ -20,12 +20,12 @@ async def post(client: TestClient, path: str, body: object, **headers: str):
 # ------------------------------------------------------------------------------ signals in
 async def test_grant_adds_preemptible_gpus(client: TestClient, control: StateControlPlane) -> None:
     status, body = await post(client, "/v1/events/gpus-granted",
-                              {"gpus": [{"gpu_id": "p9", "node": "node4", "instance_id": "i-09"}]})
+                              {"gpus": [{"gpu_id": "p9", "node": "node2", "instance_id": "i-09"}]})
     assert status == 202
     assert body["applied"] is True and body["kind"] == "gpus_granted" and body["gpu_ids"] == ["p9"]
     assert body["event_id"].startswith("api:")
     gpu = control.state.gpu("p9")
-    assert (gpu.zone.value, gpu.node, gpu.instance_id) == ("preemptible", "node4", "i-09")
+    assert (gpu.zone.value, gpu.node, gpu.instance_id) == ("preemptible", "node2", "i-09")
     assert control.instance_gpus("i-09") == ("p9",)
 
 
@@ -148,7 +148,7 @@ async def test_header_and_body_event_id_must_agree(client: TestClient) -> None:
         ("/v1/events/reclaim-notice", {"gpu_ids": ["p0"], "deadline_in_s": -1}, "deadline_in_s", "greater"),
         ("/v1/events/reclaim-notice", {"gpu_ids": ["p0"], "deadline": "2027-01-15T08:00:00"}, "deadline", "time zone"),
         ("/v1/events/training-finished", {"step": 1}, "weight_version", "required"),
-        ("/v1/events/training-finished", {"step": "x", "weight_version": 1}, "step", "integer"),
+        ("/v1/events/training-finished", {"step": "x", "weight_version": 1}, "step", "JSON number"),
         ("/v1/events/notice-cancelled", [], "body", "dictionary"),
         ("/v1/cloud/aws/eventbridge", {"id": "e1", "detail-type": "EC2 Instance Rebalance Recommendation",
                                        "time": "2027-01-15T08:00:00Z",

@@ -81,7 +81,8 @@ async def test_two_ranks_real_vllm_cross_node_pd_trainer_then_sigterm_then_resum
         assert v0 >= done_v, line  # at least the update seen before the stop (more may have been checkpointed)
         await rank0.wait_line("PEARL serving on 2 node(s)", timeout_s=900)
         async with aiohttp.ClientSession() as http:
-            p2 = await progress_until(http, url, "train_step", 1, timeout_s=600)
+            # the resumed run's train step starts at v0 (it does not fall back to 0): wait for one more
+            p2 = await progress_until(http, url, "train_step", v0 + 1, timeout_s=600)
             assert p2["weight_version"] >= v0 + 1 and p2["trajectories_lost"] == 0, p2
         rank0.proc.send_signal(signal.SIGTERM)
         assert await rank0.exit_code(timeout_s=180) == 0, "\n".join(rank0.lines[-40:])

@@ -61,7 +61,7 @@ def tiny_cfg(out: Path) -> Any:
     }, "test")
 
 
-async def run_service(cfg: Any, steps: int) -> tuple[Service, RecordingEngine]:
+async def run_service(cfg: Any, steps: int, at_start: list[Any] | None = None) -> tuple[Service, RecordingEngine]:
     clock = LoopClock()
     engines: list[RecordingEngine] = []
 
@@ -74,6 +74,8 @@ async def run_service(cfg: Any, steps: int) -> tuple[Service, RecordingEngine]:
     service = Service(cfg, clock, engine_factory=make_engine, port=0, steps=steps)
     try:
         await service.start()
+        if at_start is not None and service.controller is not None:
+            at_start.append(service.controller.progress())
         rc = await service.run(asyncio.Event())
         assert rc == 0 and len(service.steps_done) == steps
     finally:
@@ -138,3 +140,28 @@ async def test_an_update_without_a_checkpoint_is_trained_again_after_a_restart(t
     second, eng2 = await run_service(cfg, steps=1)
     assert second.resumed_from is None and [r.version for r in second.steps_done] == [1]
     assert eng2.loads[0][1:] == (0, str(MODELS_DIR / "tiny-qwen3"))
+
+
+@pytest.mark.timeout(900)
+async def test_restart_after_two_updates_resumes_at_v2_and_trains_on(tmp_path: Path) -> None:
+    """Past the first two batches: run 1 makes updates v1 and v2, run 2 starts its trainer rank from
+    checkpoint 2, its pipeline at batch 2 (batches 0 and 1 consumed) and makes v3 and v4."""
+    from pearl.models import ensure_models
+    from pearl.runtime.journal import Journal
+
+    ensure_models(MODELS_DIR, ("tiny-qwen3",))
+    out = tmp_path / "run"
+    cfg = tiny_cfg(out)
+    first, _ = await run_service(cfg, steps=2)
+    assert [r.version for r in first.steps_done] == [1, 2]
+    with Journal(first.journal_path) as j:
+        assert j.trained_batches(cfg.workload.batch_size) == 2
+    started: list[Any] = []
+    second, eng2 = await run_service(cfg, steps=2, at_start=started)
+    assert (started[0].train_step, started[0].weight_version) == (2, 2)  # metrics do not fall back to 0
+    assert second.resumed_from is not None and second.resumed_from.version == 2
+    assert str(second.trainer.setup_info["resumed_from"]).endswith("step-000002")
+    assert second.controller is not None and second.controller.pipeline.first_batch == 2
+    assert [r.version for r in second.steps_done] == [3, 4]
+    assert eng2.loads[0][1] == 2 and all(v >= 2 for _, v, _ in eng2.loads)
+    assert second.controller.progress().train_step == 4

@@ -83,7 +83,8 @@ def test_state_and_consumed(tmp_path: Path) -> None:
         assert ClusterState.from_dict(run.state) == st2  # type: ignore[arg-type]
         assert run.consumed == {"a", "b"}
         assert [r.traj_id for r in run.unconsumed] == ["c"]
-        assert j.counts() == {"completed": 3, "consumed": 2, "partials": 0, "in_flight": 0, "partial_tokens": 0}
+        assert j.counts() == {"completed": 3, "consumed": 2, "partials": 0, "in_flight": 0, "partial_tokens": 0,
+                              "events": 0, "events_pending": 0}
 
 
 def test_not_a_database_names_the_path(tmp_path: Path) -> None:

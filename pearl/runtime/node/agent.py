@@ -5,7 +5,8 @@ Wire protocol (HTTP + JSON, aiohttp; every route needs ``Authorization: Bearer <
 a per-run secret rank 0 publishes through the torch.distributed store)::
 
     GET  /agent/v1/health                   {"node", "rank", "workers": {id: healthy}, "children": {...},
-                                             "split_pd": engine runs PD halves (cross-node pairs)}
+                                             "split_pd": engine runs PD halves (cross-node pairs),
+                                             "cloud": the cloud watch's view, with ``cloud_watch`` on}
     POST /agent/v1/engine/<method>          one InferenceEngine call: launch, stop, healthy, generate,
                                             generate_pd, abort, pause, resume, load_weights,
                                             weight_version, release_memory, resume_memory, set_role,
@@ -153,8 +154,11 @@ def splits_pd(engine: InferenceEngine) -> bool:
 
 class NodeAgent:
     def __init__(self, node: str, rank: int, engine: InferenceEngine, token: str, host: str = "127.0.0.1",
-                 port: int = 0, log_dir: str | None = None, server_host: str | None = None) -> None:
+                 port: int = 0, log_dir: str | None = None, server_host: str | None = None,
+                 cloud_watch: Any = None) -> None:
         self.node = node
+        #: this node's ``pearl.runtime.node.cloud_watch.CloudWatch`` (opt-in); its view rides on /health
+        self.cloud_watch = cloud_watch
         self.rank = rank
         self.engine = engine
         self._token = token
@@ -194,9 +198,13 @@ class NodeAgent:
         if self.port == 0 and socks:
             self.port = int(socks[0].getsockname()[1])
         log.info("node agent %s (rank %d) listening on %s", self.node, self.rank, self.url)
+        if self.cloud_watch is not None:
+            self.cloud_watch.start()
 
     async def close(self) -> None:
         """Stop every child and engine server, then the HTTP server."""
+        if self.cloud_watch is not None:
+            await self.cloud_watch.close()
         for child in list(self.children.values()):
             await child.stop()
         self.children.clear()
@@ -223,8 +231,11 @@ class NodeAgent:
         wids = sorted(self.workers)
         health = dict(zip(wids, await asyncio.gather(*(probe(w) for w in wids)), strict=True))
         children = {n: {"pid": c.proc.pid, "returncode": c.proc.returncode} for n, c in self.children.items()}
-        return web.json_response({"node": self.node, "rank": self.rank, "workers": health, "children": children,
-                                  "split_pd": splits_pd(self.engine)})
+        doc = {"node": self.node, "rank": self.rank, "workers": health, "children": children,
+               "split_pd": splits_pd(self.engine)}
+        if self.cloud_watch is not None:
+            doc["cloud"] = self.cloud_watch.view()
+        return web.json_response(doc)
 
     async def _engine_call(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]

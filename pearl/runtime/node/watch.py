@@ -15,6 +15,12 @@ lost 10-20 s after it stops answering: longer than a GC pause or a busy event lo
 shorter than the 2-minute cloud reclaim notice, so a node that dies without notice costs at most
 that much rollout time on its workers.
 
+Cloud signals: a node agent with a cloud watch (``pearl.runtime.node.cloud_watch``) lists what it saw
+in its health document (``"cloud": {"signals": [...]}``); the watcher hands each signal, once, to
+``on_cloud(node, signal)`` (``cloud_relay``: the admin gate's ``cloud_signal``), retrying a failed
+relay at the next poll. A signal reaches the controller within one ``period_s`` of the agent
+seeing it.
+
 ``node_lost_handler(controller, remote)`` is the controller's reaction, the same as to a reclaim:
 the node's in-flight calls fail at once (``RemoteEngine.mark_node_dead``: ``EngineDeadError``, the
 turns resume elsewhere), its preemptible GPUs get a reclaim notice due now (urgent shrink: they
@@ -85,6 +91,9 @@ class AgentWatcher:
         self.timeout_s = timeout_s
         self.max_misses = max_misses
         self.nodes: dict[str, NodeHealth] = {n: NodeHealth(n) for n in self._probes}
+        #: ``on_cloud(node, signal dict)`` for each cloud signal an agent reports (None: ignored)
+        self.on_cloud: NodeCallback | None = None
+        self.relayed: set[tuple[str, str, str, int]] = set()
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()  # one poll round at a time (the task's and an explicit one)
 
@@ -144,6 +153,29 @@ class AgentWatcher:
                 await self._callback(self.on_alive, node)
             elif health is None:
                 log.info("node %s missed a health check (%d/%d): %s", node, after.misses, self.max_misses, error)
+            if health is not None and self.on_cloud is not None:
+                await self._relay(node, health)
+
+    async def _relay(self, node: str, health: Mapping[str, Any]) -> None:
+        cloud = health.get("cloud")
+        signals = cloud.get("signals", []) if isinstance(cloud, Mapping) else []
+        for sig in signals if isinstance(signals, list) else []:
+            try:
+                key = (node, str(sig["source"]), str(sig["instance_id"]), int(sig["deadline_wall"]))
+            except (KeyError, TypeError, ValueError):
+                log.warning("node %s reported a malformed cloud signal: %.200r", node, sig)
+                continue
+            if key in self.relayed:
+                continue
+            assert self.on_cloud is not None
+            try:
+                out = self.on_cloud(node, sig)
+                if inspect.isawaitable(out):
+                    await out
+            except Exception as e:  # refused or failed: retried at the next poll
+                log.warning("node %s: cloud signal %s for %s not relayed: %s", node, key[1], key[2], e)
+                continue
+            self.relayed.add(key)
 
 
     @staticmethod
@@ -155,6 +187,15 @@ class AgentWatcher:
                 await out
         except Exception:
             log.exception("agent watcher: callback %s%s failed", getattr(fn, "__name__", fn), args)
+
+
+def cloud_relay(app: Any) -> Callable[[str, Mapping[str, Any]], Awaitable[None]]:
+    """``on_cloud`` for the controller's admin app (``pearl.admin.app.AdminApp.cloud_signal``)."""
+
+    async def relay(node: str, sig: Mapping[str, Any]) -> None:
+        await app.cloud_signal(str(sig["instance_id"]), node, float(sig["deadline_wall"]), str(sig["source"]))
+
+    return relay
 
 
 def node_lost_handler(controller: Any, remote: Any) -> Callable[[str, str], Awaitable[None]]:
