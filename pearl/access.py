@@ -1,4 +1,4 @@
-"""Auth, listen-address policy, rate limiting and idempotency for the admin API.
+"""Auth, listen-address policy, rate limiting and idempotency: the admin API's, and the node agents'.
 
 - **Token**: ``AdminSpec.token`` or the environment variable ``PEARL_ADMIN_TOKEN`` (config wins).
   Compared with ``hmac.compare_digest`` on the UTF-8 bytes (constant time in the token length).

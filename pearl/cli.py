@@ -119,7 +119,7 @@ def _print_decisions(cfg: RunConfig, gpus: int, decisions: Sequence[Decision]) -
         else:
             cmp = "none feasible"
         print(f"{d.batch:5d}  " + " ".join(cells) + f"   {d.target.label:>6}   {cmp}")
-    print("(* infeasible: prefill capacity or KV memory; '+x%' = disaggregation faster than colocation)")
+    print("(* infeasible: prefill capacity, KV memory or prefix cache; '+x%' = disaggregation faster than colocation)")
     for d in decisions:
         print(f"B={d.batch}: {d.reason}")
 

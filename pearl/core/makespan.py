@@ -81,7 +81,7 @@ def batch_progress(schedule: Sequence[tuple[float, float]], t: float) -> float:
 
     Not capped at 1 (an overrun reads > 1). An allocation whose ``M_i`` is not a positive finite
     number (no decision) adds nothing. The runtime's borrow gate reads its remaining time from it
-    (``ElasticScheduler.remaining_s``), and the batch-start prediction its replay of that gate."""
+    (``pearl.core.outlook.remaining_s``), and the batch-start prediction its replay of that gate."""
     prog = 0.0
     for (t0, m0), (t1, _m1) in itertools.pairwise([*schedule, (math.inf, 0.0)]):
         if math.isfinite(m0) and m0 > 0:

@@ -41,7 +41,7 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
     makespan_prediction_error median |predicted - observed| / observed over rollout batches:
                               predicted = the runtime's prediction at the batch's start (the
                               decision in force composed with the borrow / return schedule known
-                              then, ``ElasticScheduler.batch_prediction``),
+                              then, ``pearl.core.outlook.batch_forecast``),
                               observed = that batch's makespan in the emulator
     makespan_prediction_bias  median (predicted - observed) / observed, the same batches: its sign
                               says whether the predictor runs short (< 0) or long (> 0)
