@@ -284,6 +284,12 @@ class ElasticScheduler:
                                      "GPUs can be reclaimed")
             if not math.isfinite(ev.deadline):
                 raise ValueError(f"deadline: {ev.deadline} is not a finite clock time")
+            known = self.notices.get(ev.notice_id) if ev.notice_id else None
+            if known is not None:
+                if known.gpus == tuple(ev.gpu_ids) and known.deadline == ev.deadline:
+                    return f"notice {ev.notice_id} already scheduled (duplicate)"
+                raise ValueError(f"notice_id: {ev.notice_id} already names a notice for {list(known.gpus)} due "
+                                 f"by t={known.deadline:.1f}; one notice per id (cancel it first)")
             return f"shrink of {len(ev.gpu_ids)} GPUs due by t={ev.deadline:.1f}"
         if isinstance(ev, NoticeCancelled):
             if ev.notice_id not in self.notices:
@@ -534,6 +540,9 @@ class ElasticScheduler:
 
     def _on_notice(self, ev: ReclaimNotice) -> None:
         nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
+        if nid in self.notices:  # one notice per id: its timer is armed already (a duplicate)
+            self._log("reclaim_notice_duplicate", notice=nid)
+            return
         notice = _Notice(nid, tuple(ev.gpu_ids), ev.deadline)
         self.notices[nid] = notice
         now = self.clock.now()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
 from pearl.core.session import SessionSpec
 from pearl.core.state import Zone
@@ -210,6 +212,39 @@ def test_cancelled_notice_removes_nothing() -> None:
         return ctl, before, after
 
     ctl, before, after = run_virtual(main())
+    assert ctl.elastic.shrinks == []
+    assert {g["gpu_id"] for g in after["gpus"]} == {g["gpu_id"] for g in before["gpus"]}
+
+
+def test_one_notice_per_id_a_reused_id_never_leaves_a_second_timer() -> None:
+    """The scheduler keeps one notice per ``notice_id``: the same notice again is a duplicate (one
+    timer), another payload under the id is refused naming the id, and cancelling the id leaves
+    nothing armed (no GPU is shrunk)."""
+    async def main():
+        clock = LoopClock()
+        ctl, _eng, _ = _controller(clock, _cfg())
+        await ctl.start()
+        await ctl.submit(_grant(["p0", "p1"], "g"))
+        await _expansion_settled(ctl)
+        before = ctl.state_dict()
+        deadline = clock.now() + 60.0
+        await ctl.submit(ReclaimNotice(("p0",), deadline=deadline, notice_id="n1", event_id="rc1"))
+        await ctl.elastic.idle()
+        dup = await ctl.submit(ReclaimNotice(("p0",), deadline=deadline, notice_id="n1", event_id="rc2"))
+        await ctl.elastic.idle()
+        with pytest.raises(ValueError, match="notice_id: n1 already names a notice"):
+            await ctl.submit(ReclaimNotice(("p1",), deadline=deadline, notice_id="n1", event_id="rc3"))
+        timers = len(ctl.elastic._timers)
+        await ctl.submit(NoticeCancelled("n1", event_id="cancel"))
+        await clock.sleep(120.0)
+        await ctl.elastic.idle()
+        after = ctl.state_dict()
+        await ctl.stop()
+        return ctl, before, after, dup, timers
+
+    ctl, before, after, dup, timers = run_virtual(main())
+    assert "duplicate" in dup.detail
+    assert timers == 1
     assert ctl.elastic.shrinks == []
     assert {g["gpu_id"] for g in after["gpus"]} == {g["gpu_id"] for g in before["gpus"]}
 
