@@ -44,6 +44,7 @@ from typing import Any, Literal
 import aiohttp
 
 from pearl.core.state import Role
+from pearl.core.trajectory import MISSING_LOGPROB
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
@@ -261,7 +262,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
             st.grew.set()
         lps = meta.get("output_token_logprobs")
         if lps is not None and len(lps) >= len(st.logprobs):
-            st.logprobs = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
+            st.logprobs = [float(e[0]) if e[0] is not None else MISSING_LOGPROB for e in lps]
         st.prompt_tokens = int(meta.get("prompt_tokens") or st.prompt_tokens)
         st.cached_tokens = int(meta.get("cached_tokens") or st.cached_tokens)
         if meta.get("weight_version") is not None:
