@@ -344,6 +344,9 @@ class TrainSpec(_Strict):
     is_level: Literal["token", "sequence"] = Field(
         default="token", description="behaviour weight per token, or one per sequence (product of its tokens')")
     is_threshold: float = Field(default=2.0, gt=1, description="C of the IS truncation / mask (verl: 2.0)")
+    temperature: float = Field(
+        default=1.0, gt=0, description="the sampling temperature of the rollouts, at which the trainer takes its "
+        "logprobs; the pipeline samples at 1, so any other value is refused")
     truncation: Literal["keep", "mask", "drop"] = Field(
         default="keep", description="an episode cut by a limit (info.truncated): train it as graded (keep), use it "
         "only in its group's baseline (mask), or leave it out of the batch (drop); counted either way")
@@ -381,6 +384,10 @@ class TrainSpec(_Strict):
         if self.policy_loss == "ppo-clip" and self.is_correction == "truncate":
             raise ValueError("train.is_correction=truncate needs train.policy_loss=decoupled: the ppo-clip ratio "
                              "already weights each token by pi_theta/pi_behav (use is_correction=mask with ppo-clip)")
+        if self.temperature != 1.0:
+            raise ValueError(f"train.temperature={self.temperature}: the rollout pipeline samples at temperature 1 "
+                             "(full distribution, top_p 1) and the trainer's logprobs log softmax(logits) are those "
+                             "of temperature 1; a ratio against logprobs of another temperature would be wrong")
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_tokens is None:
             raise ValueError("train.loss_agg=seq-mean-token-sum-norm needs train.loss_norm_tokens (e.g. the "
                              "generation budget)")

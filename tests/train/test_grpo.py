@@ -201,3 +201,19 @@ def test_seq_mean_token_sum_norm() -> None:
     assert aggregate(v, m, "seq-mean-token-sum-norm", d).item() == pytest.approx(10 / 16)
     with pytest.raises(ValueError, match="norm_tokens"):
         global_denominator([3, 1], "seq-mean-token-sum-norm")
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"temperature": 0.7}, "samples at temperature 1"),
+    ({"is_correction": "truncate"}, "needs train.policy_loss=decoupled"),
+    ({"loss_agg": "seq-mean-token-sum-norm"}, "needs train.loss_norm_tokens"),
+    ({"dual_clip": 1.0}, "greater than 1"),
+])
+def test_train_spec_refuses_inconsistent_loss_settings(fields: dict[str, object], message: str) -> None:
+    from pydantic import ValidationError
+
+    from pearl.config import TrainSpec
+
+    with pytest.raises(ValidationError, match=message):
+        TrainSpec(**fields)  # type: ignore[arg-type]
+    assert TrainSpec(policy_loss="decoupled", is_correction="truncate").is_threshold == 2.0
