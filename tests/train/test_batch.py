@@ -156,3 +156,20 @@ def test_placeholder_logprobs_are_out_of_the_loss_and_counted() -> None:
     assert rep.placeholder_tokens == 3
     s = make_samples(kept)[0]
     assert s.loss_mask == (0, 0, 1, 0, 1, 0, 0, 0) and s.n_loss_tokens == 2
+
+
+def test_a_part_without_logprobs_becomes_placeholders_never_zeros() -> None:
+    """An engine part whose logprobs did not all arrive (``StreamState.output_logprobs`` gives none)
+    is merged with ``MISSING_LOGPROB`` per token; the trainer leaves those tokens out and counts them."""
+    from pearl.engines.base import FinishReason, GenerateResult
+    from pearl.engines.resume import merge_parts
+
+    parts = [GenerateResult("r/1", (10, 11), (-0.3, -0.4), FinishReason.ABORT, 4, 3),
+             GenerateResult("r/1+", (12, 13, 14), (), FinishReason.STOP, 5, 5)]
+    segs = merge_parts(parts, turn=1)
+    assert [s.missing_logprobs for s in segs] == [0, 3] and segs[0].logprobs == (-0.3, -0.4)
+    assert all(x != x for x in segs[1].logprobs)  # NaN, not 0.0
+    r = TrajectoryRecord("x", "g", (Segment((1, 2, 3), False), *segs), reward=1.0)
+    kept, rep = filter_records([r, rec("y", "g", 5)], 5, 1)
+    assert rep.placeholder_tokens == 3
+    assert make_samples(kept)[0].loss_mask == (0, 0, 0, 1, 1, 0, 0, 0)
