@@ -25,7 +25,9 @@ Limits (all counted in tokens of the context, as the pipeline counts them):
 - the episode ends when the next turn would have fewer than ``min_turn_tokens`` to generate, or
   after ``max_turns`` replies. Then, with ``on_limit="submit"`` and a ``submit`` tool, the session
   submits on the agent's behalf and the reward is the grade of the work as it stands; otherwise 0.
-  ``info`` says ``truncated: true`` and why, so the trainer may filter such trajectories.
+  ``info`` says ``truncated: true`` and why; the trainer applies ``train.truncation`` (keep / mask /
+  drop) to such trajectories. ``info["turns_cut"]`` counts the replies that used their whole turn
+  budget (cut at the turn's token limit, not ended by the model).
 
 A reply that is not a valid tool call costs a turn and gets the parser's error as observation. An
 exception from the environment (Docker missing, ...) closes the env and propagates: the pipeline
@@ -87,6 +89,8 @@ class EnvSession:
         self.token_ids: list[int] = []
         self.turns = 0
         self.tool_errors = 0
+        self.turns_cut = 0  # replies that used their whole turn budget (cut at the turn's token limit)
+        self._budget = 0  # the budget offered by the last TurnInput
         self._open = False
         self._ended = False
 
@@ -110,7 +114,8 @@ class EnvSession:
             await self.aclose()
             raise
         self.token_ids = list(ids)
-        return TurnInput(tuple(ids), min(self.limits.max_new_tokens, budget))
+        self._budget = min(self.limits.max_new_tokens, budget)
+        return TurnInput(tuple(ids), self._budget)
 
     async def step(self, response_ids: tuple[int, ...]) -> TurnInput | EpisodeEnd:
         if not self._open or self._ended:
@@ -131,6 +136,8 @@ class EnvSession:
     async def _step(self, response_ids: tuple[int, ...]) -> TurnInput | EpisodeEnd:
         self.token_ids.extend(response_ids)
         self.turns += 1
+        if len(response_ids) >= self._budget:
+            self.turns_cut += 1
         reply = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": reply})
         try:
@@ -150,7 +157,8 @@ class EnvSession:
             return await self._limit("max_trajectory_tokens")
         self.messages.append({"role": "user", "content": obs_text})
         self.token_ids.extend(obs_ids)
-        return TurnInput(tuple(obs_ids), min(self.limits.max_new_tokens, remaining))
+        self._budget = min(self.limits.max_new_tokens, remaining)
+        return TurnInput(tuple(obs_ids), self._budget)
 
     async def _limit(self, reason: str) -> EpisodeEnd:
         if self.limits.on_limit == "submit" and self.env.tools.get("submit") is not None:
@@ -162,7 +170,7 @@ class EnvSession:
                    ) -> EpisodeEnd:
         info: dict[str, object] = dict(env_info)
         info.update({"task_id": self.task.task_id, "turns": self.turns, "tool_errors": self.tool_errors,
-                     "truncated": truncated, "end_reason": reason, "context_tokens": len(self.token_ids)})
+                     "turns_cut": self.turns_cut, "truncated": truncated, "end_reason": reason, "context_tokens": len(self.token_ids)})
         await self.aclose()
         return EpisodeEnd(float(reward), info)
 

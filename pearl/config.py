@@ -326,9 +326,30 @@ class TrainSpec(_Strict):
     advantage_scale: Literal["std", "none"] = Field(
         default="std", description="group advantage: (r - mean) / std (GRPO) or r - mean (Dr. GRPO)"
     )
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = Field(
-        default="token-mean", description="loss aggregation over the global batch (pearl/train/grpo.py)"
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        default="token-mean", description="loss aggregation over the global batch (pearl/train/grpo.py); "
+        "seq-mean-token-sum-norm (Dr. GRPO) divides each sequence's token sum by loss_norm_tokens"
     )
+    loss_norm_tokens: int | None = Field(
+        default=None, ge=1, description="seq-mean-token-sum-norm: the constant per-sequence length T_norm")
+    dual_clip: float | None = Field(
+        default=3.0, gt=1, description="dual-clip PPO: a negative-advantage token's loss is at most c*|A| "
+        "(verl clip_ratio_c); null: off")
+    policy_loss: Literal["ppo-clip", "decoupled"] = Field(
+        default="ppo-clip", description="ppo-clip: ratio against the rollout logprobs; decoupled: proximal "
+        "policy = current weights detached, behaviour weight w = pi_prox/pi_behav corrected by is_correction")
+    is_correction: Literal["none", "truncate", "mask"] = Field(
+        default="none", description="behaviour-weight correction: truncate at is_threshold (decoupled only) or "
+        "mask tokens/sequences with w outside [1/is_threshold, is_threshold]")
+    is_level: Literal["token", "sequence"] = Field(
+        default="token", description="behaviour weight per token, or one per sequence (product of its tokens')")
+    is_threshold: float = Field(default=2.0, gt=1, description="C of the IS truncation / mask (verl: 2.0)")
+    temperature: float = Field(
+        default=1.0, gt=0, description="the sampling temperature of the rollouts, at which the trainer takes its "
+        "logprobs; the pipeline samples at 1, so any other value is refused")
+    truncation: Literal["keep", "mask", "drop"] = Field(
+        default="keep", description="an episode cut by a limit (info.truncated): train it as graded (keep), use it "
+        "only in its group's baseline (mask), or leave it out of the batch (drop); counted either way")
     micro_batch_tokens: int = Field(default=4096, ge=16, description="padded tokens per forward/backward pass")
     max_grad_norm: float = Field(default=1.0, gt=0, description="global gradient-norm clip")
     weight_decay: float = Field(default=0.0, ge=0)
@@ -357,6 +378,20 @@ class TrainSpec(_Strict):
     @classmethod
     def _fsdp_bool(cls, v: Any) -> Any:
         return {True: "gpu", False: "never"}.get(v, v) if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _check_loss(self) -> TrainSpec:
+        if self.policy_loss == "ppo-clip" and self.is_correction == "truncate":
+            raise ValueError("train.is_correction=truncate needs train.policy_loss=decoupled: the ppo-clip ratio "
+                             "already weights each token by pi_theta/pi_behav (use is_correction=mask with ppo-clip)")
+        if self.temperature != 1.0:
+            raise ValueError(f"train.temperature={self.temperature}: the rollout pipeline samples at temperature 1 "
+                             "(full distribution, top_p 1) and the trainer's logprobs log softmax(logits) are those "
+                             "of temperature 1; a ratio against logprobs of another temperature would be wrong")
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_tokens is None:
+            raise ValueError("train.loss_agg=seq-mean-token-sum-norm needs train.loss_norm_tokens (e.g. the "
+                             "generation budget)")
+        return self
 
 
 # ------------------------------------------------------------------------------------- admin

@@ -40,6 +40,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     records: list[StepRecord] = []
     trace_task: asyncio.Task[None] | None = None
     trace_sent: list[dict[str, Any]] = []
+    batches: list[dict[str, float]] = []  # rollout_batch_stats of each step's batch
     try:
         t_eng = time.monotonic()
         print("[pearl run] starting the trainer and the reserved inference workers ...", flush=True)
@@ -222,15 +224,17 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         trace_task = asyncio.get_running_loop().create_task(
             _replay_trace(controller, schedule, trace_sent), name="trace-replay")
 
+        def note_batch(batch: list[Any], version: int) -> None:
+            observer.note_batch(batch, version)
+            batches.append(rollout_batch_stats(batch, version))
+
         def on_step(rec: StepRecord) -> None:
             times.train_s += rec.train_s
             times.sync_s += rec.sync_s
-            print(f"[pearl run] step {rec.step}: {rec.trajectories} trajectories, mean reward "
-                  f"{rec.mean_reward:.3f}, train {rec.train_s:.1f} s, weight sync {rec.sync_s:.1f} s, "
-                  f"policy v{rec.version}", flush=True)
+            print(step_line(rec, batches[-1] if batches else {}), flush=True)
 
         # the loop shared with the service (pearl serve / torchrun pearl/main.py on real engines)
-        await train_loop(controller, trainer, registry, steps, records=records, note_batch=observer.note_batch,
+        await train_loop(controller, trainer, registry, steps, records=records, note_batch=note_batch,
                          on_step=on_step)
         times.end = time.monotonic()
     finally:
@@ -253,6 +257,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
         "steps": len(records),
         "trajectories": prog.trajectories_completed,
         "mean_reward_per_step": [round(r.mean_reward, 4) for r in records],
+        "well_formed_per_step": [round(b["well_formed"], 4) for b in batches if math.isfinite(b["well_formed"])],
+        "batch_per_step": [{k: v for k, v in b.items() if math.isfinite(v)} for b in batches],
         "throughput_traj_per_h": round(prog.trajectories_completed / max(rollout_s, 1e-9) * 3600, 2),
         "reconfigurations": {
             "counts": summary_src.get("reconfigurations", {}),
@@ -289,6 +295,35 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     return summary
 
 
+def rollout_batch_stats(batch: Sequence[Any], trainer_version: int) -> dict[str, float]:
+    """What a person watching a run wants of one rollout batch: its mean reward, the share of the
+    agent's replies that were well-formed tool calls (``1 - tool_errors / turns`` over the batch,
+    from the agent session's ``info``), response tokens, and the staleness of its oldest record
+    (trainer version - oldest response token's weight version)."""
+    turns = sum(int(r.info.get("turns", 0) or 0) for r in batch)
+    errors = sum(int(r.info.get("tool_errors", 0) or 0) for r in batch)
+    lags = [trainer_version - r.policy_version for r in batch if r.policy_version >= 0]
+    return {
+        "reward": sum(r.reward for r in batch) / len(batch) if batch else math.nan,
+        "well_formed": (turns - errors) / turns if turns else math.nan,
+        "tokens": float(sum(r.response_tokens for r in batch)),
+        "staleness": float(max(lags)) if lags else math.nan,
+    }
+
+
+def step_line(rec: StepRecord, batch: dict[str, float]) -> str:
+    """One progress line per training step (rollout batch, then the update's statistics)."""
+    m = rec.metrics
+    upd = (f"IS weight mean {m.get('is_weight_mean', math.nan):.3f} max {m.get('is_weight_max', math.nan):.2f}, "
+           f"KL(behav||theta) {m.get('behav_kl', math.nan):.4f}, clip {m.get('clip_frac', math.nan):.3f}")
+    if m.get("skipped_nonfinite"):
+        upd = "update refused (non-finite loss or gradient norm): weights kept"
+    return (f"[pearl run] step {rec.step}: {rec.trajectories} trajectories, reward {batch.get('reward', math.nan):.3f}, "
+            f"well-formed tool calls {batch.get('well_formed', math.nan):.0%}, {batch.get('tokens', 0):.0f} response "
+            f"tokens, staleness {batch.get('staleness', math.nan):.0f}; {upd}; train {rec.train_s:.1f} s, "
+            f"weight sync {rec.sync_s:.1f} s, policy v{rec.version}")
+
+
 def _secs(a: Any, b: Any) -> str:
     return f"{b - a:.1f} s" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "-"
 
@@ -317,6 +352,8 @@ def print_summary(s: dict[str, Any], path: Path) -> None:
     print(f"steps {s['steps']}  trajectories {s['trajectories']}  throughput {s['throughput_traj_per_h']} traj/h  "
           f"lost {s['trajectories_lost']}  interrupted+resumed {s['trajectories_interrupted']}")
     print("mean reward per step: " + ", ".join(f"{x:.3f}" for x in s["mean_reward_per_step"]))
+    if s.get("well_formed_per_step"):
+        print("well-formed tool calls per step: " + ", ".join(f"{x:.0%}" for x in s["well_formed_per_step"]))
     b = s["breakdown_s"]
     print(f"wall {s['wall_s']} s = setup {b['setup']} + engine start {b['engine_start']} + rollout "
           f"{b['rollout_and_overlap']} + training {b['training']} + weight sync {b['weight_sync']}")

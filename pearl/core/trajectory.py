@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+#: the placeholder of a logprob an engine did not report (NaN: it poisons any arithmetic that forgets it)
+MISSING_LOGPROB = float("nan")
+
 
 class TrajectoryError(ValueError):
     """An illegal change to a trajectory; names the trajectory and both states."""
@@ -69,13 +72,20 @@ def check_trajectory_transition(traj_id: str, old: TrajectoryStatus, new: Trajec
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A run of tokens in a trajectory. ``trained`` segments carry one logprob per token."""
+    """A run of tokens in a trajectory. ``trained`` segments carry one logprob per token; a token
+    whose logprob the engine did not report holds ``MISSING_LOGPROB`` (NaN, never a number that
+    could be trained on): the trainer leaves such tokens out of the loss and counts them."""
 
     token_ids: tuple[int, ...]
     trained: bool
     logprobs: tuple[float, ...] = ()
     weight_version: int = -1
     turn: int = 0
+
+    @property
+    def missing_logprobs(self) -> int:
+        """Trained tokens without a reported logprob (``MISSING_LOGPROB``)."""
+        return sum(1 for x in self.logprobs if x != x) if self.trained else 0  # NaN != NaN
 
     def __post_init__(self) -> None:
         if self.trained and len(self.logprobs) != len(self.token_ids):
@@ -114,6 +124,11 @@ class TrajectoryRecord:
         for s in self.segments:
             out.extend(s.logprobs if s.trained else [0.0] * len(s.token_ids))
         return out
+
+    @property
+    def missing_logprobs(self) -> int:
+        """Trained tokens without a reported logprob (see ``Segment``)."""
+        return sum(s.missing_logprobs for s in self.segments)
 
     @property
     def response_tokens(self) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pearl.core.trajectory import Segment
+from pearl.core.trajectory import MISSING_LOGPROB, Segment
 from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult
 
 
@@ -67,7 +67,7 @@ def merge_parts(parts: Sequence[GenerateResult], turn: int = 0) -> list[Segment]
     for p in parts:
         if not p.output_ids:
             continue
-        lps = p.logprobs if len(p.logprobs) == len(p.output_ids) else tuple([0.0] * len(p.output_ids))
+        lps = p.logprobs if len(p.logprobs) == len(p.output_ids) else (MISSING_LOGPROB,) * len(p.output_ids)
         segs.append(
             Segment(token_ids=tuple(p.output_ids), trained=True, logprobs=tuple(lps), weight_version=p.weight_version,
                     turn=turn)

@@ -62,6 +62,7 @@ import aiohttp
 from aiohttp.http_exceptions import LineTooLong
 
 from pearl.core.state import Role
+from pearl.core.trajectory import MISSING_LOGPROB
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
@@ -402,7 +403,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
             st.arrived(srv.inflight)
             st.grew.set()
         if lps:
-            vals = [float(e[0]) if e[0] is not None else 0.0 for e in lps]
+            vals = [float(e[0]) if e[0] is not None else MISSING_LOGPROB for e in lps]
             if len(vals) == len(st.tokens) or len(st.logprobs) + len(vals) > len(st.tokens):
                 st.logprobs = vals[:len(st.tokens)]
             else:

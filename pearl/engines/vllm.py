@@ -44,6 +44,7 @@ from typing import Any, Literal
 import aiohttp
 
 from pearl.core.state import Role
+from pearl.core.trajectory import MISSING_LOGPROB
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
@@ -264,7 +265,7 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
                 st.arrived(srv.inflight)
                 st.tokens.extend(int(t) for t in ids)
                 lp = (ch.get("logprobs") or {}).get("token_logprobs") or []
-                st.logprobs.extend(float(x) if x is not None else 0.0 for x in lp)
+                st.logprobs.extend(float(x) if x is not None else MISSING_LOGPROB for x in lp)
                 st.grew.set()
             if ch.get("finish_reason"):
                 st.finish = ch["finish_reason"]

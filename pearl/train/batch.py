@@ -15,15 +15,28 @@ counted** (never silently). A record from a future version (``v > V``) is an ups
 rejected with an error naming it. Records with no response token or without a weight version are
 dropped and counted too, as are records that did not complete.
 
+Exactly once: a ``traj_id`` is trained at most once. A second record with the same id in a batch
+(it would be trained twice and shift its group's baseline) is dropped and counted
+(``dropped_duplicate``), and so is a record the trainer already consumed (status ``consumed``, or
+an id in ``consumed``: the ids of earlier updates, ``dropped_consumed``).
+
+Truncation (one place, counted): an episode cut by a limit (``info["truncated"]``: the turn, token
+or trajectory limit ran out) is trained as it stands under ``keep``; under ``mask`` it counts in its
+group's baseline but none of its tokens is in the loss; under ``drop`` it is removed before the
+advantages (``dropped_truncated``).
+
+Placeholder logprobs: a response token whose logprob the engine did not report holds NaN
+(``MISSING_LOGPROB``); it is left out of the loss mask and counted (``placeholder_tokens``).
+
 Advantages are computed over the records that survive the filter (a group's baseline is the mean
 reward of the samples we actually train on, from policies within the staleness bound).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
@@ -31,11 +44,12 @@ from torch import Tensor
 from pearl.core.trajectory import TrajectoryRecord, TrajectoryStatus
 from pearl.train.grpo import AdvantageScale, group_advantages
 
-TRAINABLE_STATUSES = frozenset({TrajectoryStatus.COMPLETED, TrajectoryStatus.CONSUMED})
-
 
 class BatchError(ValueError):
     """A batch cannot be trained on; the message names the record and what to fix."""
+
+
+TruncationPolicy = Literal["keep", "mask", "drop"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +61,21 @@ class FilterReport:
     dropped_empty: int = 0
     dropped_unversioned: int = 0
     dropped_status: int = 0
+    dropped_duplicate: int = 0
+    dropped_consumed: int = 0
+    dropped_truncated: int = 0
+    masked_truncated: int = 0
+    truncated: int = 0
+    placeholder_tokens: int = 0
     max_staleness_seen: int = 0
     dropped_ids: tuple[str, ...] = field(default=(), repr=False)
+    #: kept records whose tokens stay out of the loss (truncated, policy "mask"): baseline only
+    no_loss_ids: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
     def dropped(self) -> int:
-        return self.dropped_stale + self.dropped_empty + self.dropped_unversioned + self.dropped_status
+        return (self.dropped_stale + self.dropped_empty + self.dropped_unversioned + self.dropped_status
+                + self.dropped_duplicate + self.dropped_consumed + self.dropped_truncated)
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -62,33 +85,64 @@ class FilterReport:
             "dropped_empty": self.dropped_empty,
             "dropped_unversioned": self.dropped_unversioned,
             "dropped_status": self.dropped_status,
+            "dropped_duplicate": self.dropped_duplicate,
+            "dropped_consumed": self.dropped_consumed,
+            "dropped_truncated": self.dropped_truncated,
+            "masked_truncated": self.masked_truncated,
+            "truncated": self.truncated,
+            "placeholder_tokens": self.placeholder_tokens,
             "max_staleness_seen": self.max_staleness_seen,
         }
 
 
+def is_truncated(r: TrajectoryRecord) -> bool:
+    """The episode was cut by a limit (``info["truncated"]``, set by the agent session)."""
+    return bool(r.info.get("truncated", False))
+
+
 def filter_records(
-    records: Sequence[TrajectoryRecord], current_version: int, max_staleness: int
+    records: Sequence[TrajectoryRecord],
+    current_version: int,
+    max_staleness: int,
+    *,
+    consumed: Collection[str] = frozenset(),
+    truncation: TruncationPolicy = "keep",
 ) -> tuple[list[TrajectoryRecord], FilterReport]:
-    """Keep the records within the staleness bound (rules in the module docstring)."""
+    """Keep the records within the staleness bound, each ``traj_id`` once (rules in the module
+    docstring); apply the truncation policy."""
     if max_staleness < 0:
         raise BatchError(f"max_staleness must be >= 0, got {max_staleness}")
+    if truncation not in ("keep", "mask", "drop"):
+        raise BatchError(f"unknown truncation policy {truncation!r}; use 'keep', 'mask' or 'drop'")
     kept: list[TrajectoryRecord] = []
-    stale = empty = unversioned = status = 0
+    n: dict[str, int] = dict.fromkeys(
+        ("stale", "empty", "unversioned", "status", "duplicate", "consumed", "drop_trunc", "truncated"), 0)
     worst = 0
     dropped: list[str] = []
+    seen: set[str] = set()
+    no_loss: set[str] = set()
+
+    def drop(r: TrajectoryRecord, why: str) -> None:
+        n[why] += 1
+        dropped.append(r.traj_id)
+
     for r in records:
-        if r.status not in TRAINABLE_STATUSES:
-            status += 1
-            dropped.append(r.traj_id)
+        if r.traj_id in seen:
+            drop(r, "duplicate")
+            continue
+        seen.add(r.traj_id)
+        if r.status is TrajectoryStatus.CONSUMED or r.traj_id in consumed:
+            drop(r, "consumed")
+            continue
+        if r.status is not TrajectoryStatus.COMPLETED:
+            drop(r, "status")
             continue
         if r.response_tokens == 0:
-            empty += 1
-            dropped.append(r.traj_id)
+            drop(r, "empty")
             continue
         v = r.policy_version
         if v < 0:
-            unversioned += 1
-            dropped.append(r.traj_id)
+            drop(r, "unversioned")
             continue
         if v > current_version:
             raise BatchError(
@@ -98,18 +152,31 @@ def filter_records(
         lag = current_version - v
         worst = max(worst, lag)
         if lag > max_staleness:
-            stale += 1
-            dropped.append(r.traj_id)
+            drop(r, "stale")
             continue
+        if is_truncated(r):
+            n["truncated"] += 1
+            if truncation == "drop":
+                drop(r, "drop_trunc")
+                continue
+            if truncation == "mask":
+                no_loss.add(r.traj_id)
         kept.append(r)
     report = FilterReport(
         kept=len(kept),
-        dropped_stale=stale,
-        dropped_empty=empty,
-        dropped_unversioned=unversioned,
-        dropped_status=status,
+        dropped_stale=n["stale"],
+        dropped_empty=n["empty"],
+        dropped_unversioned=n["unversioned"],
+        dropped_status=n["status"],
+        dropped_duplicate=n["duplicate"],
+        dropped_consumed=n["consumed"],
+        dropped_truncated=n["drop_trunc"],
+        masked_truncated=len(no_loss),
+        truncated=n["truncated"],
+        placeholder_tokens=sum(r.missing_logprobs for r in kept if r.traj_id not in no_loss),
         max_staleness_seen=worst,
         dropped_ids=tuple(dropped),
+        no_loss_ids=frozenset(no_loss),
     )
     return kept, report
 
@@ -145,18 +212,29 @@ class Sample:
         return Sample(tuple(ids), tuple(mask), tuple(float(v) for v in lps), float(adv))
 
 
-def make_samples(records: Sequence[TrajectoryRecord], scale: AdvantageScale = "std") -> list[Sample]:
-    """Group-relative advantages over ``records`` (grouped by ``group_id``) and one ``Sample`` each."""
+def loss_mask_of(r: TrajectoryRecord) -> tuple[int, ...]:
+    """The record's loss mask without its placeholder tokens (a response token whose logprob the
+    engine did not report, ``MISSING_LOGPROB``: its ratio would be against nothing)."""
+    return tuple(m if lp == lp else 0 for m, lp in zip(r.loss_mask, r.rollout_logprobs, strict=True))  # NaN != NaN
+
+
+def make_samples(
+    records: Sequence[TrajectoryRecord], scale: AdvantageScale = "std", no_loss: Collection[str] = frozenset()
+) -> list[Sample]:
+    """Group-relative advantages over ``records`` (grouped by ``group_id``) and one ``Sample`` each.
+    Every record counts in its group's baseline; the records named in ``no_loss`` (truncated under
+    the "mask" policy) get an all-zero loss mask, and placeholder tokens are never in a loss mask."""
     if not records:
         return []
     ids: dict[str, int] = {}
     index = torch.tensor([ids.setdefault(r.group_id, len(ids)) for r in records], dtype=torch.int64)
     rewards = torch.tensor([float(r.reward) for r in records], dtype=torch.float64)
     adv = group_advantages(rewards, index, scale=scale)
-    return [
-        Sample(tuple(r.token_ids), tuple(r.loss_mask), tuple(r.rollout_logprobs), float(a))
-        for r, a in zip(records, adv.tolist(), strict=True)
-    ]
+    out = []
+    for r, a in zip(records, adv.tolist(), strict=True):
+        mask = (0,) * len(r.token_ids) if r.traj_id in no_loss else loss_mask_of(r)
+        out.append(Sample(tuple(r.token_ids), mask, tuple(r.rollout_logprobs), float(a)))
+    return out
 
 
 def shard_samples(samples: Sequence[Sample], world_size: int) -> list[list[Sample]]:

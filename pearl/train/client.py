@@ -20,6 +20,15 @@ Life cycle::
            toggle manager lends next has room for the inference worker), timed as ``offload_s``
         5. on_event(TrainingFinished(step, version, expected_idle_s))
         -> TrainResult(version, snapshot, metrics, timings, report)
+
+Exactly once: ``filter_records`` drops (and counts) a second record of a ``traj_id`` in the batch
+and every record whose ``traj_id`` an earlier update of this client consumed (``consumed``).
+
+A non-finite loss or gradient norm (the ranks agree: both are global) makes the ranks refuse the
+update: weights, optimizer state and version stay those of the last good step, no snapshot is
+written, ``metrics["skipped_nonfinite"]`` is 1 and ``nonfinite_skipped`` counts such refusals; the
+result is not ``updated`` (the batch is done with, as one whose groups were all filtered), and the
+step number is tried again by the next call, with event ids ``train-start-<n>-retry<k>``.
     await client.close()              "shutdown" to every rank, then terminate / kill stragglers
 
 A rank that dies or replies with an error makes the client *failed*: every rank is stopped (the
@@ -138,6 +147,9 @@ class TrainerClient:
         self.setup_info: dict[str, Any] = {}
         self._last_end: float | None = None
         self._idle_ema: float | None = None
+        #: traj_ids of every record an update of this client trained on (exactly once: never again)
+        self.consumed: set[str] = set()
+        self._attempt = 0  # refused (non-finite) attempts at step self.step + 1
 
     @property
     def version(self) -> int:
@@ -272,20 +284,24 @@ class TrainerClient:
         async with self._lock:
             t_call = self._now()
             t0 = time.perf_counter()
-            kept, report = filter_records(records, self.step, self.max_staleness)  # may raise: nothing changed
+            kept, report = filter_records(records, self.step, self.max_staleness, consumed=self.consumed,
+                                          truncation=self.spec.truncation)  # may raise: nothing changed
             if self._last_end is not None:
                 gap = t_call - self._last_end
                 self._idle_ema = gap if self._idle_ema is None else 0.5 * gap + 0.5 * self._idle_ema
-            samples = make_samples(kept, self.spec.advantage_scale)
-            denom = global_denominator([s.n_loss_tokens for s in samples], self.spec.loss_agg)
+            samples = make_samples(kept, self.spec.advantage_scale, report.no_loss_ids)
+            denom = global_denominator([s.n_loss_tokens for s in samples], self.spec.loss_agg,
+                                       self.spec.loss_norm_tokens)
             t_pack = time.perf_counter()
             if denom <= 0:
                 self._last_end = self._now()
                 return TrainResult(self.step, self.step, None, {**report.to_dict(), "skipped": 1.0},
                                    {"pack_s": t_pack - t0}, report, self.step % self.spec.checkpoint_every == 0)
             step = self.step + 1
+            # a retried step number (the last attempt was refused as non-finite) gets fresh event ids
+            tag = f"{step}" if self._attempt == 0 else f"{step}-retry{self._attempt}"
             if self._on_event is not None:
-                await self._on_event(TrainingStarted(step=step, event_id=f"train-start-{step}"))
+                await self._on_event(TrainingStarted(step=step, event_id=f"train-start-{tag}"))
             t_gpus = time.perf_counter()
             reload_s = 0.0
             if self.offloaded:
@@ -299,11 +315,18 @@ class TrainerClient:
             replies = await self._all("step", payloads)
             t_done = time.perf_counter()
             r0 = replies[0]
-            self.step = step
-            self.latest = SnapshotRef.from_dict(r0["snapshot"])
+            skipped = bool(r0.get("skipped", False))
+            if skipped:  # a non-finite loss or gradient norm: the ranks kept the weights of self.step
+                self._attempt += 1
+            else:
+                self._attempt = 0
+                self.step = step
+                self.latest = SnapshotRef.from_dict(r0["snapshot"])
+                self.consumed.update(r.traj_id for r in kept)
             metrics = {k: float(v) for k, v in r0["metrics"].items() if k != "rank_samples"}
             metrics.update({k: float(v) for k, v in report.to_dict().items()})
             metrics["samples"] = float(len(samples))
+            metrics["skipped_nonfinite"] = float(skipped)
             rewards = [r.reward for r in kept]
             metrics["reward_mean"] = sum(rewards) / len(rewards)
             timings = {
@@ -321,9 +344,12 @@ class TrainerClient:
                 timings["offload_s"] = time.perf_counter() - t_off
             self._last_end = self._now()
             if self._on_event is not None:
-                await self._on_event(TrainingFinished(step=step, weight_version=step,
+                await self._on_event(TrainingFinished(step=step, weight_version=self.step,
                                                       expected_idle_s=self._idle_ema,
-                                                      event_id=f"train-finish-{step}"))
+                                                      event_id=f"train-finish-{tag}"))
+            if skipped:
+                return TrainResult(self.step, self.step, None, metrics, timings, report,
+                                   self.step % self.spec.checkpoint_every == 0)
             return TrainResult(step, step, self.latest, metrics, timings, report,
                                step % self.spec.checkpoint_every == 0)
 

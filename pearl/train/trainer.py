@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -62,6 +63,9 @@ from pearl.train.batch import Sample, micro_batches, pad
 from pearl.train.grpo import aggregate, token_logprobs, token_terms
 
 CKPT_FILE = "trainer.pt"
+#: the per-step sums a rank accumulates over its loss tokens (then all-reduced), in order
+_SUMS = ("loss", "clipped", "ratio", "ratio_abs_dev", "kl", "tokens", "dual_clipped", "is_weight", "rejected",
+         "truncated", "behav_k3", "behav_k1")
 _DT = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -127,6 +131,7 @@ class TrainerRank:
         self.ref: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.offloaded = False
+        self.nonfinite_skipped = 0  # updates refused for a non-finite loss or gradient norm
         self._state_devices: dict[tuple[int, str], torch.device] = {}
 
     # ---------------------------------------------------------------------------- setup
@@ -203,8 +208,8 @@ class TrainerRank:
         t0 = time.perf_counter()
         c0 = time.process_time()  # CPU seconds of all threads: compute cost independent of CPU contention
         self.optimizer.zero_grad(set_to_none=False)
-        # sums over this rank's tokens: loss share, clipped tokens, ratio, |ratio - 1|, kl, tokens
-        acc = torch.zeros(6, dtype=torch.float64)
+        acc = torch.zeros(len(_SUMS), dtype=torch.float64)  # sums over this rank's loss tokens (_SUMS)
+        peak = torch.zeros(1, dtype=torch.float64)  # max behaviour weight
         mbs: list[list[Sample] | None] = list(micro_batches(samples, spec.micro_batch_tokens))
         if self.sharded:
             # FSDP2 all-gathers in every forward and reduce-scatters in the last backward: every
@@ -222,7 +227,7 @@ class TrainerRank:
             pb = pad(mb)
             ids = pb.input_ids.to(self.device)
             att = pb.attention_mask.to(self.device)
-            mask = pb.loss_mask.to(self.device)
+            mask = pb.loss_mask.to(self.device).bool()
             with self._autocast():
                 logits = self.model(input_ids=ids, attention_mask=att).logits[:, :-1]
             lp = token_logprobs(logits, pb.targets.to(self.device))  # float32 whatever the compute dtype
@@ -233,16 +238,24 @@ class TrainerRank:
                     ref_logits = self.ref(input_ids=ids, attention_mask=att).logits[:, :-1]
                 ref_lp = token_logprobs(ref_logits, pb.targets.to(self.device))
             terms = token_terms(lp, pb.old_logprobs.to(self.device), pb.advantages.to(self.device),
-                                spec.clip_eps_low, spec.clip_eps_high, ref_lp, spec.kl_coef)
+                                spec.clip_eps_low, spec.clip_eps_high, ref_lp, spec.kl_coef, mask=mask,
+                                dual_clip=spec.dual_clip, policy_loss=spec.policy_loss,
+                                is_correction=spec.is_correction, is_level=spec.is_level,
+                                is_threshold=spec.is_threshold)
             loss = aggregate(terms.loss, mask, spec.loss_agg, denominator)
             # torch's Tensor.backward is unannotated
             (loss * self.world_size if self.sharded else loss).backward()  # type: ignore[no-untyped-call]
             with torch.no_grad():
-                m = mask.bool()
-                acc += torch.tensor([
-                    loss.item(), terms.clipped[m].sum().item(), terms.ratio[m].sum().item(),
-                    (terms.ratio[m] - 1).abs().sum().item(), terms.kl[m].sum().item(), m.sum().item(),
-                ], dtype=torch.float64)
+                lr = terms.log_ratio[mask].double()
+                rho = terms.ratio[mask].double()
+                acc += torch.stack([
+                    loss.detach().double(), terms.clipped.sum().double(), rho.sum(), (rho - 1).abs().sum(),
+                    terms.kl[mask].double().sum(), mask.sum().double(), terms.dual_clipped.sum().double(),
+                    terms.is_weight[mask].double().sum(), terms.rejected.sum().double(),
+                    terms.truncated.sum().double(), (rho - lr - 1).sum(), (-lr).sum(),
+                ]).cpu()
+                if mask.any():
+                    peak = torch.maximum(peak, terms.is_weight[mask].double().max().cpu().reshape(1))
         t_fb = time.perf_counter()
         if self.world_size > 1 and not self.sharded:
             self._all_reduce_grads()
@@ -250,30 +263,55 @@ class TrainerRank:
             acc_dev = acc.to(self.device)  # NCCL reduces device tensors only
             dist.all_reduce(acc_dev)
             acc = acc_dev.cpu()
+            peak_dev = peak.to(self.device)
+            dist.all_reduce(peak_dev, op=dist.ReduceOp.MAX)
+            peak = peak_dev.cpu()
         t_ar = time.perf_counter()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
-        self.optimizer.step()
-        self.step = step
+        norm = torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        # the loss and the gradient norm are global (all-reduced): every rank takes the same decision
+        finite = math.isfinite(float(acc[0].item())) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.step = step
+        else:
+            # refuse the update: the weights, the optimizer moments and the version stay those of the
+            # last good step, so no snapshot of non-finite weights is ever written or served
+            self.optimizer.zero_grad(set_to_none=False)
+            self.nonfinite_skipped += 1
         t_opt = time.perf_counter()
         tokens = max(acc[5].item(), 1.0)
+        sums = dict(zip(_SUMS, acc.tolist(), strict=True))
         out: dict[str, Any] = {
-            "step": step,
-            "version": step,
+            "step": self.step,
+            "version": self.step,
+            "skipped": not finite,
             "metrics": {
-                "loss": acc[0].item(),
-                "clip_frac": acc[1].item() / tokens,
-                "ratio_mean": acc[2].item() / tokens,
-                "ratio_abs_dev": acc[3].item() / tokens,
-                "kl": acc[4].item() / tokens,
-                "tokens": int(acc[5].item()),
+                "loss": sums["loss"],
+                "clip_frac": sums["clipped"] / tokens,
+                "ratio_mean": sums["ratio"] / tokens,
+                "ratio_abs_dev": sums["ratio_abs_dev"] / tokens,
+                "kl": sums["kl"] / tokens,
+                "tokens": int(sums["tokens"]),
                 "rank_samples": len(samples),
-                "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+                "grad_norm": grad_norm,
+                "dual_clip_frac": sums["dual_clipped"] / tokens,
+                "is_weight_mean": sums["is_weight"] / tokens,
+                "is_weight_max": float(peak.item()),
+                "is_masked_frac": sums["rejected"] / tokens,
+                "is_truncated_frac": sums["truncated"] / tokens,
+                "behav_kl": sums["behav_k3"] / tokens,
+                "behav_kl_k1": sums["behav_k1"] / tokens,
+                "nonfinite_skipped": self.nonfinite_skipped,
             },
             "timings": {"forward_backward_s": t_fb - t0, "allreduce_s": t_ar - t_fb, "optimizer_s": t_opt - t_ar,
                         "update_cpu_s": time.process_time() - c0},
         }
-        out.update(self._publish(step))
+        if finite:
+            out.update(self._publish(step))
+        else:
+            out["timings_publish"] = {}
         return out
 
     def _autocast(self) -> Any:

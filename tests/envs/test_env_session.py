@@ -202,3 +202,17 @@ async def test_factory_assigns_one_task_per_group(tok: Any, tmp_path: Path) -> N
                 seen.append(sess.task.task_id)
     assert seen == ["a", "a", "b", "b", "c", "c", "a", "a"]
     assert sess.limits.max_trajectory_tokens == cfg.workload.max_trajectory_tokens
+
+
+async def test_a_reply_that_uses_its_whole_turn_budget_is_recorded_as_cut(tok: Any) -> None:
+    limits = SessionLimits(max_trajectory_tokens=8192, max_new_tokens=6, max_turns=3, min_turn_tokens=1)
+    s = EnvSession(TinyEnv(), TinyTask("t3", ("apple", "stone", "river")), tok, limits)
+    ti = await s.start()
+    cut = reply(tok, "apple apple apple apple apple apple apple", eos=False)[: ti.max_new_tokens]
+    assert len(cut) == 6
+    ti = await s.step(cut)
+    assert isinstance(ti, TurnInput) and s.turns_cut == 1
+    ti = await s.step(reply(tok, "stone"))  # ended by the model, within its budget
+    assert isinstance(ti, TurnInput) and s.turns_cut == 1
+    end = await s.step(reply(tok, "river"))
+    assert isinstance(end, EpisodeEnd) and end.info["turns_cut"] == 1

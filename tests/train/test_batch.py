@@ -101,3 +101,75 @@ def test_pad_shifts_for_next_token_prediction() -> None:
     assert pb.n_loss_tokens == 3
     with pytest.raises(BatchError, match="empty"):
         pad([])
+
+
+def test_exactly_once_duplicates_and_consumed_records_are_dropped_and_counted() -> None:
+    from dataclasses import replace
+
+    a = rec("a", "g", 5, reward=1.0)
+    records = [a, rec("b", "g", 5), replace(a, reward=0.0), rec("c", "g", 5, status=TrajectoryStatus.CONSUMED),
+               rec("d", "g", 5)]
+    kept, rep = filter_records(records, 5, 1, consumed={"d"})
+    assert [(r.traj_id, r.reward) for r in kept] == [("a", 1.0), ("b", 0.0)]  # the first "a" is kept
+    assert (rep.dropped_duplicate, rep.dropped_consumed, rep.dropped) == (1, 2, 3)
+    assert rep.to_dict()["dropped_duplicate"] == 1 and rep.to_dict()["dropped_consumed"] == 2
+    # a duplicate would shift the group baseline: advantages over the kept records only
+    assert [s.advantage for s in make_samples(kept)] == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)],
+                                                                      rel=1e-5)
+
+
+def truncated(r: TrajectoryRecord) -> TrajectoryRecord:
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    return replace(r, info=MappingProxyType({"truncated": True, "end_reason": "max_turns"}))
+
+
+@pytest.mark.parametrize("policy", ["keep", "mask", "drop"])
+def test_truncation_policy_keep_mask_drop(policy: str) -> None:
+    records = [rec("ok", "g", 5, reward=1.0), truncated(rec("cut", "g", 5, reward=0.0)), rec("ok2", "g", 5)]
+    kept, rep = filter_records(records, 5, 1, truncation=policy)  # type: ignore[arg-type]
+    assert rep.truncated == 1
+    samples = make_samples(kept, no_loss=rep.no_loss_ids)
+    if policy == "drop":
+        assert [r.traj_id for r in kept] == ["ok", "ok2"] and rep.dropped_truncated == 1
+        return
+    assert [r.traj_id for r in kept] == ["ok", "cut", "ok2"] and rep.dropped_truncated == 0
+    cut = samples[1]
+    assert cut.advantage < 0  # in the group's baseline either way
+    if policy == "mask":
+        assert rep.masked_truncated == 1 and cut.n_loss_tokens == 0 and sum(cut.loss_mask) == 0
+    else:
+        assert rep.masked_truncated == 0 and cut.n_loss_tokens == 2
+    with pytest.raises(BatchError, match="truncation policy"):
+        filter_records(records, 5, 1, truncation="clip")  # type: ignore[arg-type]
+
+
+def test_placeholder_logprobs_are_out_of_the_loss_and_counted() -> None:
+    from pearl.core.trajectory import MISSING_LOGPROB
+
+    segs = (Segment((1, 2), False), Segment((10, 11, 12), True, (-0.5, MISSING_LOGPROB, -0.7), 5),
+            Segment((4,), False), Segment((13, 14), True, (MISSING_LOGPROB, MISSING_LOGPROB), 5))
+    r = TrajectoryRecord("p", "g", segs, reward=1.0)
+    assert r.missing_logprobs == 3 and segs[1].missing_logprobs == 1
+    kept, rep = filter_records([r, rec("q", "g", 5)], 5, 1)
+    assert rep.placeholder_tokens == 3
+    s = make_samples(kept)[0]
+    assert s.loss_mask == (0, 0, 1, 0, 1, 0, 0, 0) and s.n_loss_tokens == 2
+
+
+def test_a_part_without_logprobs_becomes_placeholders_never_zeros() -> None:
+    """An engine part whose logprobs did not all arrive (``StreamState.output_logprobs`` gives none)
+    is merged with ``MISSING_LOGPROB`` per token; the trainer leaves those tokens out and counts them."""
+    from pearl.engines.base import FinishReason, GenerateResult
+    from pearl.engines.resume import merge_parts
+
+    parts = [GenerateResult("r/1", (10, 11), (-0.3, -0.4), FinishReason.ABORT, 4, 3),
+             GenerateResult("r/1+", (12, 13, 14), (), FinishReason.STOP, 5, 5)]
+    segs = merge_parts(parts, turn=1)
+    assert [s.missing_logprobs for s in segs] == [0, 3] and segs[0].logprobs == (-0.3, -0.4)
+    assert all(x != x for x in segs[1].logprobs)  # NaN, not 0.0
+    r = TrajectoryRecord("x", "g", (Segment((1, 2, 3), False), *segs), reward=1.0)
+    kept, rep = filter_records([r, rec("y", "g", 5)], 5, 1)
+    assert rep.placeholder_tokens == 3
+    assert make_samples(kept)[0].loss_mask == (0, 0, 0, 1, 1, 0, 0, 0)

@@ -31,8 +31,20 @@ def checkpoint_model(work: Path, step: int) -> dict[str, torch.Tensor]:
     return ck["model"]
 
 
+def stale(recs: list[TrajectoryRecord], shift: float = 0.3) -> list[TrajectoryRecord]:
+    """Every other record's behaviour logprobs lowered by ``shift``: off-policy, so the loss is far from 0."""
+    from dataclasses import replace
+
+    out = []
+    for i, r in enumerate(recs):
+        d = shift if i % 2 else 0.0
+        out.append(replace(r, segments=tuple(
+            replace(s, logprobs=tuple(x - d for x in s.logprobs)) if s.trained else s for s in r.segments)))
+    return out
+
+
 async def test_two_gloo_ranks_stay_identical_and_match_one_rank(micro_model: Path, tmp_path: Path) -> None:
-    recs = records(micro_model, 0, seed=5)
+    recs = stale(records(micro_model, 0, seed=5))
     events: list[object] = []
 
     async def sink(ev: TrainingStarted | TrainingFinished) -> None:
@@ -47,7 +59,10 @@ async def test_two_gloo_ranks_stay_identical_and_match_one_rank(micro_model: Pat
         d = await two.digests()
         assert len(d) == 2 and d[0] == d[1]  # bitwise-identical replicas after the all-reduce
         assert res2.version == res1.version == 1 == two.version
-        assert res2.metrics["loss"] == pytest.approx(res1.metrics["loss"], abs=1e-6)  # ~0 on-policy
+        # off-policy records: |loss| > 0.01, a sum of +-1 terms (float32 summation order: ~1e-6
+        # relative), so a wrong denominator (doubled, per rank) fails
+        assert abs(res1.metrics["loss"]) > 1e-2
+        assert res2.metrics["loss"] == pytest.approx(res1.metrics["loss"], rel=1e-5)
         assert res2.metrics["ratio_mean"] == pytest.approx(res1.metrics["ratio_mean"], rel=1e-6)
         assert res2.metrics["tokens"] == res1.metrics["tokens"] == 12 * 8
         # the gradient norm catches a wrong scale (Adam's first step would hide one in the weights)
@@ -70,7 +85,12 @@ async def test_two_gloo_ranks_stay_identical_and_match_one_rank(micro_model: Pat
         assert {"forward_backward_s", "allreduce_s", "snapshot_s", "checkpoint_s", "gpu_return_wait_s"} <= set(
             res2.timings)
 
+        # The same records again: consumed by the update, never trained twice.
+        again = await two.train_step(recs)
+        assert not again.updated and again.report.dropped_consumed == len(recs)
+
         # Staleness: version-0 records at trainer version 1 with max_staleness=0 -> all dropped, no update.
+        recs = records(micro_model, 0, seed=8)
         two.max_staleness = 0
         skipped = await two.train_step(recs)
         assert not skipped.updated and skipped.version == 1
@@ -213,7 +233,8 @@ async def test_release_when_idle_offloads_between_updates(micro_model: Path, tmp
         # offloaded when the GPU may be lent; the second update started offloaded and reloaded first
         assert seen == [("TrainingStarted", False), ("TrainingFinished", True),
                         ("TrainingStarted", True), ("TrainingFinished", True)]
-        assert a.timings["reload_s"] >= 0
+        # only the lent client made reload round trips (the plain one's reload_s is exactly 0)
+        assert a.timings["reload_s"] > 0.0 and b.timings["reload_s"] == 0.0
         assert await lent.digests() == await plain.digests()
     finally:
         await asyncio.gather(lent.close(), plain.close())
@@ -231,3 +252,31 @@ async def test_step_refused_while_offloaded(micro_model: Path, tmp_path: Path) -
         rank.train_step(1, [], 1.0)
     assert rank.reload()["offloaded"] is False
     rank.close()
+
+
+async def test_nonfinite_batch_is_refused_and_consumed_records_are_not_trained_again(micro_model: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A NaN reward makes the loss NaN: the ranks refuse the update (no version, no snapshot), the
+    events of the retried step get fresh ids; records an update consumed are never trained again."""
+    from dataclasses import replace
+
+    events: list[str] = []
+
+    async def sink(ev: TrainingStarted | TrainingFinished) -> None:
+        events.append(ev.event_id)
+
+    c = TrainerClient(micro_model, tmp_path, SPEC, max_staleness=2, on_event=sink, threads_per_rank=1)
+    await c.start()
+    try:
+        recs = records(micro_model, 0, seed=7)
+        bad = await c.train_step([replace(recs[0], reward=float("nan")), *recs[1:]])
+        assert not bad.updated and bad.version == 0 == c.version
+        assert bad.metrics["skipped_nonfinite"] == 1.0 and bad.metrics["nonfinite_skipped"] == 1.0
+        assert not (tmp_path / "snapshots").exists() and not c.consumed
+        ok = await c.train_step(recs)
+        assert ok.updated and ok.version == 1 and ok.metrics["skipped_nonfinite"] == 0.0
+        assert events == ["train-start-1", "train-finish-1", "train-start-1-retry1", "train-finish-1-retry1"]
+        again = await c.train_step(recs)
+        assert not again.updated and again.report.dropped_consumed == len(recs) and again.report.kept == 0
+    finally:
+        await c.close()
