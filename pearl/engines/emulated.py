@@ -28,7 +28,8 @@ Scheduling choices (SGLang's defaults, written down here):
   conversation (the pipeline names requests ``<traj_id>/<turn>#<attempt>``). A worker remembers
   the last context it held per conversation; the next request of that conversation reuses
   ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
-  (``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
+  (per role: ``EmulatorPhysics.prefix_reuse_colocated`` / ``prefix_reuse_prefill``, both defaulting
+  to ``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
   0.3, calibrated on the paper's Sec. 3.2 token / time split of colocated rollout - see
   ``pearl/sim/presets.py``; routing itself stays conversation-sticky, as ROLL's
   ``EnvAffinityRouter`` is). Colocated workers
@@ -100,6 +101,7 @@ from pearl.engines.base import (
     ServerSpec,
 )
 from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
+from pearl.engines.emulated_physics import EmulatorPhysics, load_physics
 
 if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
@@ -227,9 +229,16 @@ class EmulatedEngine:
         clock: Clock,
         emulator: EmulatorSpec | None = None,
         tp_size: int = 1,
+        physics: EmulatorPhysics | None = None,
     ) -> None:
         self.emu = emulator or EmulatorSpec()
-        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size)
+        self.physics = physics or EmulatorPhysics()
+        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size, self.physics)
+        #: prefix reuse per serving role (EmulatorPhysics; both default to EmulatorSpec.prefix_reuse)
+        self._reuse = {
+            Role.COLOCATED: self.physics.value("prefix_reuse_colocated", self.emu.prefix_reuse),
+            Role.PREFILL: self.physics.value("prefix_reuse_prefill", self.emu.prefix_reuse),
+        }
         self.vocab = model.vocab_size
         # synthetic tokens: position q of conversation c is table[(crc32(c) + q) mod vocab], a seeded
         # permutation of the vocabulary, with a fixed logprob per table slot (slicing: no per-token work)
@@ -252,8 +261,12 @@ class EmulatedEngine:
         self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
 
     @staticmethod
-    def from_config(cfg: RunConfig, clock: Clock) -> EmulatedEngine:
-        return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size)
+    def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None) -> EmulatedEngine:
+        """The engine of ``cfg``; ``physics`` defaults to ``configs/emulator/<model>-<hardware>.yaml``
+        (every constant the run config's where that file is absent)."""
+        if physics is None:
+            physics = load_physics(cfg.model.name, cfg.hardware.name).engine
+        return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size, physics)
 
     # ------------------------------------------------------------------ failure injection / stats
     def fail_next_launch(self, worker_id: str = "", gpu: str = "") -> None:
@@ -694,7 +707,7 @@ class EmulatedEngine:
                 ln, first, last = entry
                 ids = r.input_ids
                 if ids and ids[0] == first and (last == -1 or (ln <= len(ids) and ids[ln - 1] == last)):
-                    hit = int(min(ln, len(ids) - 1) * self.emu.prefix_reuse)  # >= 1 prompt token computed
+                    hit = int(min(ln, len(ids) - 1) * self._reuse.get(w.role, self.emu.prefix_reuse))  # >= 1 computed
             need = r.input_len + (r.max_new if w.role is Role.COLOCATED else 0)
             need_extra = need - (entry[0] if entry is not None else 0)  # the entry is consumed either way
             if need > w.capacity:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from pearl.config import ConfigError, load_config
+from pearl.config import ConfigError
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -91,9 +91,9 @@ def simulate_main(args: argparse.Namespace) -> int:
     from pearl.sim.traces import TraceError
 
     try:
-        from pearl.sim.presets import preset_overrides
+        from pearl.sim.presets import load_preset_config
 
-        cfg = load_config(args.config, {**preset_overrides(args.workload), **_parse_set(args.set)} or None)
+        cfg = load_preset_config(args.config, args.workload, _parse_set(args.set))
         result = run_simulation_cli(cfg, args)
     except (ConfigError, TraceError, UnknownSystemError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)

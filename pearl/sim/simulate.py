@@ -75,6 +75,7 @@ from pearl.core.events import ReclaimNotice
 from pearl.core.makespan import compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.engines.emulated import EmulatedEngine
+from pearl.engines.emulated_physics import EmulatorPhysics
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 from pearl.sim.agents import SyntheticSessionFactory
@@ -457,9 +458,12 @@ def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[Sys
 
 
 # ------------------------------------------------------------------------------ batch search
-async def _measure(cfg: RunConfig, batches: int) -> tuple[list[float], Any]:
+async def _measure(cfg: RunConfig, batches: int, physics: EmulatorPhysics | None = None,
+                   engines: list[EmulatedEngine] | None = None) -> tuple[list[float], Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, physics)
+    if engines is not None:
+        engines.append(engine)
     factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock, max_batches=batches)
     await ctrl.start()
@@ -470,14 +474,17 @@ async def _measure(cfg: RunConfig, batches: int) -> tuple[list[float], Any]:
         await ctrl.stop()
 
 
-def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1) -> tuple[float, Any]:
-    """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker)."""
+def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1, physics: EmulatorPhysics | None = None,
+                     engines: list[EmulatedEngine] | None = None) -> tuple[float, Any]:
+    """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker).
+    ``physics``: the emulator's constants (default: the model's ``configs/emulator`` file);
+    ``engines``: if given, the engine is appended to it (its telemetry: ``phase_split``)."""
     policy = cfg.policy.model_copy(update={"use_preemptible": False, "borrow_enabled": False,
                                            "allocation_overrides": {n: label}, "allow_disaggregation": True,
                                            "max_staleness": max(cfg.policy.max_staleness, batches)})
     cluster = cfg.cluster.model_copy(update={"reserved_gpus": n * cfg.cluster.tp_size, "max_preemptible_gpus": 0})
     c = cfg.model_copy(update={"policy": policy, "cluster": cluster})
-    spans, tracker = run_virtual(_measure(c, batches))
+    spans, tracker = run_virtual(_measure(c, batches, physics, engines))
     if not spans:
         raise SimulationError(f"measuring {label} on {n} workers: no batch completed")
     return statistics.fmean(spans), tracker
