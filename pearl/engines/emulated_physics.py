@@ -82,6 +82,13 @@ class EmulatorPhysics(_Strict):
         "weights + KV pool (SGLang --mem-fraction-static, 0.85-0.93 by GPU size); the lower bound "
         "per model is min_memory_utilization: the paper runs 5P3D at batch 64, so 3 decode workers "
         "hold B K_seq tokens")
+    decode_kv_reserve: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="share rho of a trajectory's remaining budget K - p - r "
+        "that a decoding request holds in KV beyond its prompt p and response r (0: exactly p + r). A "
+        "serving engine does not know where a response stops: agent rollouts send max_new_tokens = the "
+        "remaining budget, SGLang admits on input + new_token_ratio * max_new (init 0.7, decaying) and "
+        "retracts running requests when the pool overflows; the paper's own feasibility rule, B K_seq <= "
+        "N_D H_max (Sec. 4.2), is rho = 1. It binds on few decode workers (KV-capacity waves)")
     moe_floor: float | None = Field(
         default=None, ge=0.0, le=0.3, description="MoE kernel curve: share of the full routed-expert "
         "read a single token already costs (fit_moe_curve on MOE_KERNEL_TABLES)")
@@ -141,13 +148,15 @@ DEFAULT_MOE_TABLE = "sglang#11730"
 
 
 def _share(n: float, experts: int, k: int) -> float:
-    return 1.0 - (1.0 - k / experts) ** n
+    untouched: float = (1.0 - k / experts) ** n  # base in [0, 1): a real float (typeshed: Any)
+    return 1.0 - untouched
 
 
 def moe_curve(n: float, experts: int, k: int, floor: float, exponent: float) -> float:
     """floor + (1 - floor) (touched(n) / E) ** exponent: the routed-expert read of n tokens as a share
     of reading every expert."""
-    return floor + (1.0 - floor) * _share(max(n, 0.0), experts, k) ** exponent
+    share: float = _share(max(n, 0.0), experts, k) ** exponent
+    return floor + (1.0 - floor) * share
 
 
 def fit_moe_curve(tables: list[str] | None = None) -> tuple[float, float, float]:
