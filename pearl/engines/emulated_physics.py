@@ -50,45 +50,47 @@ class EmulatorPhysics(_Strict):
 
     prefix_reuse_colocated: float | None = Field(
         default=None, ge=0.0, le=1.0, description="fraction of a conversation's cached prefix a colocated "
-        "worker reuses on the next turn (1.0: SGLang's radix cache with nothing evicted; real multi-turn "
-        "agent serving reports 40-90 % hit rates: SGLang RadixAttention blog, LMSYS 2024, and Mooncake's "
-        "trace, FAST'25, ~50 % average prefix reuse)")
+        "worker reuses on the next turn (1.0: a radix cache that never evicts nor re-renders). No public "
+        "measurement of multi-turn agent rollout narrows [0, 1]; the paper's Sec. 3.2 time share is the "
+        "only number that identifies it (a calibration target)")
     prefix_reuse_prefill: float | None = Field(
         default=None, ge=0.0, le=1.0, description="the same on a PD prefill worker, whose cache holds "
-        "only prompts (outputs are decoded elsewhere) and is not filled with running decodes' KV: the "
-        "range is the colocated one's, fitted separately")
+        "only prompts (outputs are decoded elsewhere) and no running decode's KV; bounds as the colocated "
+        "one's, fitted separately")
     weight_read_efficiency: float | None = Field(
         default=None, ge=0.55, le=0.92, description="fraction of peak HBM bandwidth a decode step reaches "
-        "reading the weights (GEMV at small batch: 60-90 % of peak on Hopper, vLLM/SGLang decode "
-        "microbenchmarks; HardwareSpec.decode_bw_efficiency 0.7 is the run config's value)")
+        "reading the weights (an assumed range around HardwareSpec.decode_bw_efficiency 0.7; memory-bound "
+        "GEMV kernels do not exceed ~90 % of the datasheet bandwidth)")
     kv_read_efficiency: float | None = Field(
         default=None, ge=0.55, le=1.8, description="effective fraction of peak HBM bandwidth of the "
-        "attention KV read, per bf16 KV byte (FlashInfer / FlashAttention-3 decode reaches 75-90 % of "
-        "peak; an fp8 KV cache, SGLang --kv-cache-dtype fp8_e5m2, halves the bytes: up to 2 x 0.9)")
+        "attention KV read, per bf16 KV byte: up to ~0.9 for a bf16 cache (assumed, as the weights'), up to "
+        "2 x 0.9 for an fp8 cache (SGLang --kv-cache-dtype fp8_e4m3 / fp8_e5m2 stores half the bytes)")
     decode_step_s: float | None = Field(
         default=None, ge=0.001, le=0.012, description="fixed cost of one decode iteration, s: kernel "
-        "launches under CUDA graphs, sampling and scheduling (SGLang's scheduler overhead 1-5 ms per "
-        "step at batch 1-64; HardwareSpec.step_overhead_s 4 ms is the run config's value)")
+        "launches under CUDA graphs, sampling and scheduling (assumed range around HardwareSpec."
+        "step_overhead_s 4 ms)")
     prefill_forward_s: float | None = Field(
         default=None, ge=0.001, le=0.03, description="fixed cost of one prefill forward (a chunk), s: "
-        "no CUDA graph, per-layer launches and the scheduler (5-30 ms per forward for 8-30B models in "
-        "SGLang's --enable-metrics TTFT of short prompts)")
+        "no CUDA graph, per-layer launches and the scheduler (assumed range; the run config uses the decode "
+        "step's 4 ms)")
     prefill_mfu: float | None = Field(
         default=None, ge=0.30, le=0.70, description="model FLOP utilisation of long-prompt chunked "
-        "prefill on Hopper (FlashAttention-3 reaches 60-75 % of peak on attention, end-to-end prefill "
-        "35-60 % of the measured 790 TFLOP/s; HardwareSpec.prefill_mfu 0.45)")
+        "prefill, of the measured 790 TFLOP/s (assumed range around HardwareSpec.prefill_mfu 0.45)")
     memory_utilization: float | None = Field(
         default=None, ge=0.80, le=0.95, description="fraction of device memory the engine takes for "
-        "weights + KV pool (SGLang --mem-fraction-static, 0.85-0.93 by GPU size); the lower bound "
-        "per model is min_memory_utilization: the paper runs 5P3D at batch 64, so 3 decode workers "
-        "hold B K_seq tokens")
+        "weights + KV pool (SGLang --mem-fraction-static: 'fraction of the free GPU memory used for static "
+        "memory like model weights and KV cache', docs/backend/server_arguments.md; vLLM "
+        "--gpu-memory-utilization, default 0.9); the lower bound per model is min_memory_utilization: the "
+        "paper runs 5P3D at batch 64, so 3 decode workers hold B K_seq tokens (0.92 for Qwen3-30B-A3B)")
     decode_kv_reserve: float | None = Field(
         default=None, ge=0.0, le=1.0, description="share rho of a trajectory's remaining budget K - p - r "
         "that a decoding request holds in KV beyond its prompt p and response r (0: exactly p + r). A "
-        "serving engine does not know where a response stops: agent rollouts send max_new_tokens = the "
-        "remaining budget, SGLang admits on input + new_token_ratio * max_new (init 0.7, decaying) and "
-        "retracts running requests when the pool overflows; the paper's own feasibility rule, B K_seq <= "
-        "N_D H_max (Sec. 4.2), is rho = 1. It binds on few decode workers (KV-capacity waves)")
+        "serving engine does not know where a response stops: it admits on an estimate of the output "
+        "(SGLang: new_token_ratio x min(max_new_tokens, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096), "
+        "python/sglang/srt/managers/env_vars.py) and retracts running requests when the pool overflows, so "
+        "a long-context batch on few workers runs in KV-capacity waves; the paper's own feasibility rule, "
+        "B K_seq <= N_D H_max (Sec. 4.2), is rho = 1. The emulator lumps the estimate and the retractions "
+        "into rho (fitted)")
     moe_floor: float | None = Field(
         default=None, ge=0.0, le=0.3, description="MoE kernel curve: share of the full routed-expert "
         "read a single token already costs (fit_moe_curve on MOE_KERNEL_TABLES)")
@@ -104,8 +106,8 @@ class EmulatorPhysics(_Strict):
 class WorkloadMeans(_Strict):
     """Means of the ``paper`` workload's distributions (``None``: the preset's value).
 
-    Bounds: SWE-agent trajectories of thinking models (SWE-bench Verified, Qwen3 / OpenHands
-    trajectories: 300-2000 tokens per turn, tool outputs 100-2000 tokens, tool calls 0.3-10 s)."""
+    Bounds: assumed ranges around the preset's 1000-token turns, 400-token observations and 1 s
+    tool calls (the paper gives no trajectory statistics); the fit never leaves them."""
 
     response_tokens: float | None = Field(default=None, ge=300, le=2000)
     observation_tokens: float | None = Field(default=None, ge=100, le=2000)
