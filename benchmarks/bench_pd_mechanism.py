@@ -77,7 +77,7 @@ def splits(n: int) -> list[str]:
 def run(model: str, n: int, seeds: int, variants: list[str], physics: dict[str, float] | None = None,
         batch: int = 64) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for var in ["today", *variants]:
+    for var in ["as-is", *variants]:
         rows: dict[str, list[dict[str, float]]] = {}
         for s in range(seeds):
             cfg = load_preset_config(CONFIGS[model], "paper", {"workload.seed": s, "workload.batch_size": batch})
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run(model, n, a.seeds, variants, physics, a.batch)
             print(f"\n{model}, {n} GPUs, batch {a.batch}, {a.seeds} seeds, physics {physics or 'the file'}: "
                   "throughput vs colocation")
-            t = res["today"]
+            t = res["as-is"]
             print(f"{'alloc':>6} {'makespan':>9} {'gain':>7} {'pq s':>6} {'kvw s':>6} {'xfer s':>6} "
                   f"{'P busy':>6} {'link':>6} " + " ".join(f"{v:>16}" for v in variants))
             for lab, r in t.items():
