@@ -272,12 +272,15 @@ class EmulatedEngine:
 
     @staticmethod
     def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None) -> EmulatedEngine:
-        """The engine of ``cfg``; ``physics`` defaults to ``configs/emulator/<model>-<hardware>.yaml``
-        (every constant the run config's where that file is absent)."""
-        if physics is None:
-            physics = load_physics(cfg.model.name, cfg.hardware.name).engine
+        """The engine of ``cfg`` with ``physics`` (default: every constant the run config's). The
+        simulator passes the model's ``configs/emulator`` file (``emulator_physics``)."""
         return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size, physics,
                               cfg.workload.max_trajectory_tokens)
+
+    @staticmethod
+    def emulator_physics(cfg: RunConfig) -> EmulatorPhysics:
+        """The constants of ``configs/emulator/<model>-<hardware>.yaml`` (none where it is absent)."""
+        return load_physics(cfg.model.name, cfg.hardware.name).engine
 
     # ------------------------------------------------------------------ failure injection / stats
     def fail_next_launch(self, worker_id: str = "", gpu: str = "") -> None:

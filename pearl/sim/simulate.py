@@ -226,7 +226,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
                progress: Callable[[float], None] | None,
                schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> dict[str, Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg))
     factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock)
     await ctrl.start()
@@ -485,7 +485,8 @@ def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[Sys
 async def _measure(cfg: RunConfig, batches: int, physics: EmulatorPhysics | None = None,
                    engines: list[EmulatedEngine] | None = None) -> tuple[list[float], Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock, physics)
+    engine = EmulatedEngine.from_config(cfg, clock, physics if physics is not None else
+                                        EmulatedEngine.emulator_physics(cfg))
     if engines is not None:
         engines.append(engine)
     factory = SyntheticSessionFactory(cfg.workload, clock)
