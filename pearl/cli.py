@@ -37,6 +37,7 @@ from pearl.core.state import ClusterState, StateError, Zone
 _PLUGINS: tuple[tuple[str, str], ...] = (
     ("pearl.sim.cli", "add_simulate_parser"),
     ("pearl.sim.cli", "add_experiments_parser"),
+    ("pearl.sim.cli", "add_calibrate_parser"),
     ("pearl.serve", "add_serve_parser"),
     ("pearl.run", "add_run_parser"),
     ("pearl.reliability.cli", "add_chaos_parser"),

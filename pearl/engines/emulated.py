@@ -28,7 +28,8 @@ Scheduling choices (SGLang's defaults, written down here):
   conversation (the pipeline names requests ``<traj_id>/<turn>#<attempt>``). A worker remembers
   the last context it held per conversation; the next request of that conversation reuses
   ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
-  (``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
+  (per role: ``EmulatorPhysics.prefix_reuse_colocated`` / ``prefix_reuse_prefill``, both defaulting
+  to ``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
   0.3, calibrated on the paper's Sec. 3.2 token / time split of colocated rollout - see
   ``pearl/sim/presets.py``; routing itself stays conversation-sticky, as ROLL's
   ``EnvAffinityRouter`` is). Colocated workers
@@ -100,10 +101,15 @@ from pearl.engines.base import (
     ServerSpec,
 )
 from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
+from pearl.engines.emulated_physics import EmulatorPhysics, load_physics
 
 if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
 
+
+#: per-request seconds summed over finished requests by ``EmulatedEngine.request_split``
+_REQUEST_FIELDS = ("requests", "pd_requests", "prefill_queue_s", "kv_wait_s", "prefill_s", "transfer_s", "decode_s",
+                   "transfer_bytes")
 
 #: per-worker phase counters folded into ``EmulatedEngine.phase_split``
 _PHASE_FIELDS = ("prefill_busy_s", "decode_busy_s", "prefill_tokens", "cached_tokens", "decode_tokens")
@@ -122,7 +128,7 @@ class _Stage(StrEnum):
 class _Req:
     __slots__ = (
         "aborted", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
-        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "max_new", "p_reserved",
+        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "kv_wait_s", "max_new", "p_reserved",
         "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start", "prefilled", "queue_s", "reserved",
         "rid", "stage", "submit_t", "transfer_s", "version", "workers",
     )
@@ -141,7 +147,7 @@ class _Req:
         self.stage = _Stage.WAITING
         self.fut: asyncio.Future[None] = loop.create_future()
         self.submit_t = now
-        self.queue_s = self.prefill_s = self.transfer_s = self.decode_s = 0.0
+        self.queue_s = self.prefill_s = self.transfer_s = self.decode_s = self.kv_wait_s = 0.0
         self.prefill_start = self.prefill_end = self.decode_start = now
         self.join_step = self.gen0 = self.finish_step = 0
         self.conc0 = self.dtime0 = 0.0
@@ -227,9 +233,20 @@ class EmulatedEngine:
         clock: Clock,
         emulator: EmulatorSpec | None = None,
         tp_size: int = 1,
+        physics: EmulatorPhysics | None = None,
+        trajectory_tokens: int = 0,
     ) -> None:
         self.emu = emulator or EmulatorSpec()
-        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size)
+        self.physics = physics or EmulatorPhysics()
+        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size, self.physics)
+        #: prefix reuse per serving role (EmulatorPhysics; both default to EmulatorSpec.prefix_reuse)
+        self._reuse = {
+            Role.COLOCATED: self.physics.value("prefix_reuse_colocated", self.emu.prefix_reuse),
+            Role.PREFILL: self.physics.value("prefix_reuse_prefill", self.emu.prefix_reuse),
+        }
+        #: decode KV reservation beyond the response (``_decode_need``): rho and the trajectory limit K
+        self._kv_reserve = self.physics.value("decode_kv_reserve", 0.0)
+        self._traj_tokens = trajectory_tokens
         self.vocab = model.vocab_size
         # synthetic tokens: position q of conversation c is table[(crc32(c) + q) mod vocab], a seeded
         # permutation of the vocabulary, with a fixed logprob per table slot (slicing: no per-token work)
@@ -250,10 +267,20 @@ class EmulatedEngine:
         #: alone) of every resumed request
         self.resume_log: list[tuple[str, int, float, float]] = []
         self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
+        self._req_split: dict[str, float] = dict.fromkeys(_REQUEST_FIELDS, 0.0)
+        self._busy_retired: dict[str, tuple[str, float, float]] = {}
 
     @staticmethod
-    def from_config(cfg: RunConfig, clock: Clock) -> EmulatedEngine:
-        return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size)
+    def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None) -> EmulatedEngine:
+        """The engine of ``cfg`` with ``physics`` (default: every constant the run config's). The
+        simulator passes the model's ``configs/emulator`` file (``emulator_physics``)."""
+        return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size, physics,
+                              cfg.workload.max_trajectory_tokens)
+
+    @staticmethod
+    def emulator_physics(cfg: RunConfig) -> EmulatorPhysics:
+        """The constants of ``configs/emulator/<model>-<hardware>.yaml`` (none where it is absent)."""
+        return load_physics(cfg.model.name, cfg.hardware.name).engine
 
     # ------------------------------------------------------------------ failure injection / stats
     def fail_next_launch(self, worker_id: str = "", gpu: str = "") -> None:
@@ -283,6 +310,24 @@ class EmulatedEngine:
 
     def kv_used(self, worker_id: str) -> int:
         return self._workers[worker_id].kv_used
+
+    def request_split(self) -> dict[str, float]:
+        """Seconds summed over the requests finished so far (aborted ones left out): waiting for a
+        prefill worker's admission (``prefill_queue_s``: KV room or the running cap), waiting for
+        the decode worker's KV admission (``kv_wait_s``, PD only), prefill, KV transfer, decode;
+        ``transfer_bytes`` the KV moved; ``requests`` / ``pd_requests`` the counts. Where a
+        makespan is lost between the phases of a request."""
+        return dict(self._req_split)
+
+    def worker_busy(self) -> dict[str, tuple[str, float, float]]:
+        """``worker -> (role, prefill busy s, decode busy s)`` of every worker launched (a stopped
+        one with its role at the stop)."""
+        out = dict(self._busy_retired)
+        for w in self._workers.values():
+            if w.status is not _WStatus.STOPPED:
+                _, p, d = out.get(w.id, (w.role.value, 0.0, 0.0))
+                out[w.id] = (w.role.value, p + w.prefill_busy_s, d + w.decode_busy_s)
+        return out
 
     def phase_split(self) -> dict[str, float]:
         """Token / time split of all workers so far (paper Sec. 3.2 reports it for colocation):
@@ -385,6 +430,8 @@ class EmulatedEngine:
             w.driver = None
         self.events_total += w.events
         w.events = 0
+        p_busy, d_busy = self._busy_retired.get(w.id, (w.role.value, 0.0, 0.0))[1:]
+        self._busy_retired[w.id] = (w.role.value, p_busy + w.prefill_busy_s, d_busy + w.decode_busy_s)
         for k in _PHASE_FIELDS:
             self._phase_retired[k] += getattr(w, k)
             setattr(w, k, type(getattr(w, k))())
@@ -500,6 +547,16 @@ class EmulatedEngine:
         else:
             reason = FinishReason.LENGTH
         conc = r.conc
+        if not r.aborted:
+            sp = self._req_split
+            sp["requests"] += 1
+            sp["pd_requests"] += r.pd
+            sp["prefill_queue_s"] += r.queue_s - r.kv_wait_s
+            sp["kv_wait_s"] += r.kv_wait_s
+            sp["prefill_s"] += r.prefill_s
+            sp["transfer_s"] += r.transfer_s
+            sp["decode_s"] += r.decode_s
+            sp["transfer_bytes"] += r.input_len * self.costs.kv_bytes if r.transfer_s > 0 else 0.0
         self._gen_s[r.conv] = self._gen_s.get(r.conv, 0.0) + r.prefill_s + r.decode_s
         if "#" in r.rid and r.prefill_s > 0:
             self.resume_log.append((r.conv, r.prefilled, r.prefill_s, self._alone_prefill_s(r.prefilled, r.cached)))
@@ -682,6 +739,15 @@ class EmulatedEngine:
                 return True
         return free >= need
 
+    def _decode_need(self, r: _Req, capacity: int) -> int:
+        """KV tokens a decoding request reserves: ``p + r + floor(rho (K - p - r))`` for a prompt of p
+        tokens and r to generate, ``rho = EmulatorPhysics.decode_kv_reserve``, ``K`` the
+        trajectory limit; never above ``capacity`` unless ``p + r`` alone is."""
+        exact = r.input_len + r.max_new
+        if self._kv_reserve <= 0.0 or self._traj_tokens <= exact:
+            return exact
+        return max(exact, min(exact + int(self._kv_reserve * (self._traj_tokens - exact)), capacity))
+
     def _admit(self, w: _Worker, now: float) -> None:
         """Admit waiting requests FIFO while KV (and the running cap) allows."""
         while w.waiting:
@@ -694,8 +760,8 @@ class EmulatedEngine:
                 ln, first, last = entry
                 ids = r.input_ids
                 if ids and ids[0] == first and (last == -1 or (ln <= len(ids) and ids[ln - 1] == last)):
-                    hit = int(min(ln, len(ids) - 1) * self.emu.prefix_reuse)  # >= 1 prompt token computed
-            need = r.input_len + (r.max_new if w.role is Role.COLOCATED else 0)
+                    hit = int(min(ln, len(ids) - 1) * self._reuse.get(w.role, self.emu.prefix_reuse))  # >= 1 computed
+            need = r.input_len + (self._decode_need(r, w.capacity) - r.input_len if w.role is Role.COLOCATED else 0)
             need_extra = need - (entry[0] if entry is not None else 0)  # the entry is consumed either way
             if need > w.capacity:
                 w.waiting.popleft()
@@ -720,13 +786,14 @@ class EmulatedEngine:
             w.prefilling.append(r)
         while w.kv_wait and w.role is Role.DECODE:
             r = w.kv_wait[0]
-            need = r.input_len + r.max_new
+            need = self._decode_need(r, w.capacity)
             if w.n_decoding + len(w.joining) >= self.emu.max_running or not self._make_room(w, need, ""):
                 break
             w.kv_wait.popleft()
             w.kv_used += need
             r.reserved = need
-            r.queue_s += now - r.prefill_end
+            r.kv_wait_s = now - r.prefill_end
+            r.queue_s += r.kv_wait_s
             if not r.fut.done():
                 r.fut.set_result(None)
 

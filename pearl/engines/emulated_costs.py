@@ -2,21 +2,26 @@
 
 Cost model (symbols: ``N_act`` active parameters, ``W`` weight bytes, ``W_d``/``W_e`` non-expert /
 routed-expert weight bytes, ``E`` experts, ``k`` experts per token, ``L`` layers, ``H`` query
-heads, ``d`` head dim, ``kv`` KV bytes per token, ``F = tp * bf16_tflops``, ``BW = tp * HBM *
-decode_bw_efficiency``, ``o = step_overhead_s``)::
+heads, ``d`` head dim, ``kv`` KV bytes per token, ``F = tp * bf16_tflops``, ``BW_w = tp * HBM *
+weight_read_efficiency``, ``BW_kv = tp * HBM * kv_read_efficiency``, ``o_d = decode_step_s``,
+``o_p = prefill_forward_s``; the constants come from ``EmulatorPhysics``, each defaulting to the
+``HardwareSpec`` value: both efficiencies to ``decode_bw_efficiency``, both fixed costs to
+``step_overhead_s``)::
 
     decode iteration, n running requests, total context C tokens:
-        touched(n) = E * (1 - (1 - k/E)^n)     expected distinct experts per layer (uniform routing)
-        t_mem      = (W_d + W_e * touched(n)/E + kv * C) / BW
+        share(n)   = 1 - (1 - k/E)^n                 expected share of experts touched (uniform routing)
+        moe(n)     = f + (1 - f) share(n)^g          fused-MoE read, kernel curve (f = moe_floor,
+                                                     g = moe_exponent; f = 0, g = 1: share(n) itself)
+        t_mem      = (W_d + W_e moe(n)) / BW_w + kv C / BW_kv
         t_compute  = (2 N_act n + 4 L H d C) / (F * decode_mfu)
-        t_step     = o + max(t_mem, t_compute)            (roofline: the slower resource binds)
+        t_step     = o_d + max(t_mem, t_compute)     (roofline: the slower resource binds)
     prefill chunk, requests i with x_i new tokens over c_i tokens already in KV:
-        t_chunk    = o + max((2 N_act sum x_i + 4 L H d sum x_i (c_i + x_i/2)) / (F * prefill_mfu),
-                             (W_d + W_e * touched(sum x_i)/E + kv * sum(c_i + x_i)) / BW)
+        t_chunk    = o_p + max((2 N_act sum x_i + 4 L H d sum x_i (c_i + x_i/2)) / (F * prefill_mfu),
+                               (W_d + W_e moe(sum x_i)) / BW_w + kv sum(c_i + x_i) / BW_kv)
     KV transfer of a prompt of p tokens:  interconnect_latency_s + p * kv / interconnect_gbs
 
 Within a decode *span* (no arrival, no departure) ``C`` grows by ``n`` per iteration, so
-``t_step(j) = o + max(a0 + a1 j, m0 + m1 j)`` and the span's duration ``S(K) = sum_{j<K}
+``t_step(j) = o_d + max(a0 + a1 j, m0 + m1 j)`` and the span's duration ``S(K) = sum_{j<K}
 t_step(j)`` has a closed form. A worker sleeps once per span until the first request finishes
 (``K = min remaining tokens``) - never once per token. An arrival cuts the span at the next
 iteration boundary; an abort returns exactly the tokens completed by the abort time (the largest
@@ -33,19 +38,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from pearl.config import EmulatorSpec, HardwareSpec, ModelSpec
+from pearl.engines.emulated_physics import EmulatorPhysics, moe_curve
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerCosts:
     """The emulator's cost model for one worker (``tp`` GPUs); formulas in the module docstring."""
 
-    overhead_s: float
+    overhead_s: float  # o_d, per decode iteration
+    prefill_overhead_s: float  # o_p, per prefill forward
     dense_bytes: float
     expert_bytes: float
     n_experts: int
     experts_per_token: int
     kv_bytes: float
-    bw: float  # bytes/s
+    bw: float  # bytes/s, weights (BW_w)
+    kv_bw: float  # bytes/s, KV cache (BW_kv)
+    moe_floor: float
+    moe_exponent: float
     flops_per_token: float  # 2 N_act
     attn_flops_per_pair: float  # 4 L H d
     decode_flops: float  # F * decode_mfu
@@ -55,25 +65,31 @@ class WorkerCosts:
     kv_capacity_tokens: int
 
     @staticmethod
-    def from_specs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1) -> WorkerCosts:
+    def from_specs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1,
+                   physics: EmulatorPhysics | None = None) -> WorkerCosts:
+        ph = physics or EmulatorPhysics()
         total = model.total_params_b * 1e9 * model.dtype_bytes
         experts = model.expert_params_b * 1e9 * model.dtype_bytes if model.is_moe else 0.0
-        mem = tp * hw.memory_gb * 1e9 * hw.memory_utilization
+        mem = tp * hw.memory_gb * 1e9 * ph.value("memory_utilization", hw.memory_utilization)
         if mem <= total:
             raise ValueError(f"{model.name} weights ({total / 1e9:.1f} GB) do not fit in {tp} x {hw.name}")
         f = tp * hw.bf16_tflops * 1e12
         return WorkerCosts(
-            overhead_s=hw.step_overhead_s,
+            overhead_s=ph.value("decode_step_s", hw.step_overhead_s),
+            prefill_overhead_s=ph.value("prefill_forward_s", hw.step_overhead_s),
             dense_bytes=total - experts,
             expert_bytes=experts,
             n_experts=model.n_experts,
             experts_per_token=model.experts_per_token,
             kv_bytes=float(model.kv_bytes_per_token),
-            bw=tp * hw.hbm_bandwidth_tbs * 1e12 * hw.decode_bw_efficiency,
+            bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("weight_read_efficiency", hw.decode_bw_efficiency),
+            kv_bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("kv_read_efficiency", hw.decode_bw_efficiency),
+            moe_floor=ph.value("moe_floor", 0.0),
+            moe_exponent=ph.value("moe_exponent", 1.0),
             flops_per_token=2.0 * model.active_params_b * 1e9,
             attn_flops_per_pair=4.0 * model.n_layers * model.n_heads * model.head_dim,
             decode_flops=f * emu.decode_mfu,
-            prefill_flops=f * hw.prefill_mfu,
+            prefill_flops=f * ph.value("prefill_mfu", hw.prefill_mfu),
             link_bw=hw.interconnect_gbs * 1e9,
             link_latency_s=hw.interconnect_latency_s,
             kv_capacity_tokens=int((mem - total) // model.kv_bytes_per_token),
@@ -88,17 +104,27 @@ class WorkerCosts:
         return self.n_experts * (1.0 - untouched)
 
     def weight_read_bytes(self, tokens: float) -> float:
+        """W_d + W_e moe(tokens) (the MoE kernel curve of the module docstring)."""
         if not self.n_experts:
             return self.dense_bytes
-        return self.dense_bytes + self.expert_bytes * self.experts_touched(tokens) / self.n_experts
+        if self.moe_floor == 0.0 and self.moe_exponent == 1.0:
+            return self.dense_bytes + self.expert_bytes * self.experts_touched(tokens) / self.n_experts
+        share = moe_curve(tokens, self.n_experts, self.experts_per_token, self.moe_floor, self.moe_exponent)
+        return self.dense_bytes + self.expert_bytes * share
+
+    def _mem_s(self, weight_bytes: float, kv_bytes: float) -> float:
+        """W / BW_w + KV / BW_kv (one division where both rates are the same: identical floats)."""
+        if self.kv_bw == self.bw:
+            return (weight_bytes + kv_bytes) / self.bw
+        return weight_bytes / self.bw + kv_bytes / self.kv_bw
 
     def decode_line(self, n: int, context: float) -> tuple[float, float, float, float]:
         """(a0, a1, m0, m1): t_step(j) = o + max(a0 + a1 j, m0 + m1 j) for a span of n requests whose
         total context is ``context`` at j = 0 (it grows by n per iteration)."""
         a0 = (self.flops_per_token * n + self.attn_flops_per_pair * context) / self.decode_flops
         a1 = self.attn_flops_per_pair * n / self.decode_flops
-        m0 = (self.weight_read_bytes(n) + self.kv_bytes * context) / self.bw
-        m1 = self.kv_bytes * n / self.bw
+        m0 = self._mem_s(self.weight_read_bytes(n), self.kv_bytes * context)
+        m1 = self.kv_bytes * n / self.kv_bw
         return a0, a1, m0, m1
 
     def decode_step_s(self, n: int, context: float) -> float:
@@ -111,8 +137,8 @@ class WorkerCosts:
         pairs = sum(p[0] * (p[1] + p[0] / 2.0) for p in parts)
         ctx = sum(p[0] + p[1] for p in parts)
         compute = (self.flops_per_token * x + self.attn_flops_per_pair * pairs) / self.prefill_flops
-        memory = (self.weight_read_bytes(x) + self.kv_bytes * ctx) / self.bw
-        return self.overhead_s + max(compute, memory)
+        memory = self._mem_s(self.weight_read_bytes(x), self.kv_bytes * ctx)
+        return self.prefill_overhead_s + max(compute, memory)
 
     def transfer_s(self, tokens: int) -> float:
         return self.link_latency_s + tokens * self.kv_bytes / self.link_bw

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from pearl.config import ConfigError, load_config
+from pearl.config import ConfigError
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -91,9 +91,9 @@ def simulate_main(args: argparse.Namespace) -> int:
     from pearl.sim.traces import TraceError
 
     try:
-        from pearl.sim.presets import preset_overrides
+        from pearl.sim.presets import load_preset_config
 
-        cfg = load_config(args.config, {**preset_overrides(args.workload), **_parse_set(args.set)} or None)
+        cfg = load_preset_config(args.config, args.workload, _parse_set(args.set))
         result = run_simulation_cli(cfg, args)
     except (ConfigError, TraceError, UnknownSystemError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -119,11 +119,66 @@ def experiments_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "calibrate", help="fit the emulator's free constants to the paper's single-system measurements",
+        description="Weighted least squares on makespan ratios (pearl/sim/calibrate.py): a coarse grid, then "
+                    "local search; writes the constants and every target's residual to configs/emulator/.")
+    p.add_argument("--params", default="decode_kv_reserve,prefix_reuse_prefill,kv_read_efficiency",
+                   help="comma list of constants to fit (pearl.sim.calibrate.PARAMS)")
+    p.add_argument("--targets", default="", help="comma list of target names or prefixes (default: all)")
+    p.add_argument("--seeds", type=int, default=8, help="paired workload seeds per point of the search")
+    p.add_argument("--final-seeds", type=int, default=None, help="seeds of the final scoring (default --seeds)")
+    p.add_argument("--grid", type=int, default=3, help="grid levels per constant")
+    p.add_argument("--local-rounds", type=int, default=2)
+    p.add_argument("--evaluate", action="store_true", help="score the physics files as they are; no search")
+    p.add_argument("--dry-run", action="store_true", help="do not write the physics files")
+    p.set_defaults(func=calibrate_main)
+    return p
+
+
+def calibrate_main(args: argparse.Namespace) -> int:
+    import shlex
+    import time
+
+    from pearl.engines.emulated_physics import PhysicsError
+    from pearl.sim.calibrate import CalibrationError, calibrate, evaluate, select_targets, table, write_fit
+
+    t0, c0 = time.time(), time.process_time()
+    try:
+        targets = select_targets(args.targets)
+        if args.evaluate:
+            ev = evaluate({}, targets, args.final_seeds or args.seeds,
+                          progress=lambda m: print(m, file=sys.stderr, flush=True))
+            print(table(ev, ev, targets))
+            return 0
+        params = [p for p in args.params.split(",") if p]
+        start, fit, hist = calibrate(params, targets, args.seeds, args.grid, args.local_rounds, args.final_seeds,
+                                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (CalibrationError, PhysicsError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(start, fit, targets))
+    record = {"command": "python -m pearl calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+              "params": params, "seeds": args.seeds, "final_seeds": args.final_seeds or args.seeds,
+              "grid": args.grid, "local_rounds": args.local_rounds, "points": len(hist),
+              "batches": sum(e.batches for e in hist) + start.batches + fit.batches,
+              "cpu_s": round(time.process_time() - c0, 1), "wall_s": round(time.time() - t0, 1),
+              "start_loss": round(start.loss, 4)}
+    print(f"\n{record['points']} points, {record['batches']} batches, {record['cpu_s']} CPU s, "
+          f"{record['wall_s']} s wall")
+    if not args.dry_run:
+        for p in write_fit(fit, targets, record):
+            print(f"wrote {p}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pearl")
     sub = parser.add_subparsers(dest="command", required=True)
     add_simulate_parser(sub)
     add_experiments_parser(sub)
+    add_calibrate_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -46,8 +46,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from pearl.config import CONFIG_DIR, RunConfig, load_config
-from pearl.sim.presets import preset_overrides
+from pearl.config import CONFIG_DIR, RunConfig
+from pearl.sim.presets import load_preset_config, preset_overrides
 from pearl.sim.replay_report import markdown_table
 from pearl.sim.systems import ABLATION, SYSTEMS
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
@@ -76,8 +76,7 @@ def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[
 
 
 def _cfg(name: str, workload: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    ov = {**preset_overrides(workload), **(overrides or {})}
-    return load_config(CONFIG_DIR / f"{name}.yaml", ov or None)
+    return load_preset_config(CONFIG_DIR / f"{name}.yaml", workload, dict(overrides or {}))
 
 
 def _bar(path: Path, groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str) -> None:

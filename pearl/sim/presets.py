@@ -30,12 +30,21 @@
             before and independently of any comparison between systems; the predictor's prior
             (``workload.prefix_cache_hit``) is set to the same 0.3 and refit from telemetry.
 
-Public names: ``PRESETS``, ``preset_overrides``.
+            The means of the response, observation and tool-call lengths of ``paper`` can be set
+            per model in ``configs/emulator/<model>-<hardware>.yaml`` (``workload``:
+            ``WorkloadMeans``; ``python -m pearl calibrate`` fits them): ``load_preset_config``
+            applies them over the preset, the distributions' other parameters unchanged.
+
+Public names: ``PRESETS``, ``preset_overrides``, ``load_preset_config``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from pearl.config import RunConfig, load_config
+from pearl.engines.emulated_physics import WorkloadMeans, load_physics
 
 PRESETS: dict[str, dict[str, Any]] = {
     "config": {},
@@ -58,3 +67,33 @@ def preset_overrides(name: str) -> dict[str, Any]:
         return dict(PRESETS[name])
     except KeyError:
         raise ValueError(f"unknown workload preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+#: WorkloadMeans field -> the workload distribution it sets the mean of
+_MEAN_FIELDS = {"response_tokens": "workload.response_tokens", "observation_tokens": "workload.observation_tokens",
+                "env_step_s": "workload.env_step_s"}
+
+
+def means_overrides(means: WorkloadMeans, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Dotted overrides setting each given mean on the ``paper`` preset's distribution."""
+    base = PRESETS["paper"] if base is None else base
+    out: dict[str, Any] = {}
+    for field, key in _MEAN_FIELDS.items():
+        v = getattr(means, field)
+        if v is not None:
+            out[key] = {**base[key], "mean": float(v)}
+    return out
+
+
+def load_preset_config(config: str | Path, workload: str, overrides: dict[str, Any] | None = None,
+                       means: WorkloadMeans | None = None) -> RunConfig:
+    """``config`` under the workload preset, then the model's calibrated workload means (``paper``
+    only; ``means`` replaces the file's), then ``overrides``."""
+    ov = preset_overrides(workload)
+    if workload == "paper":
+        if means is None:
+            plain = load_config(config)
+            means = load_physics(plain.model.name, plain.hardware.name).workload
+        ov.update(means_overrides(means))
+    ov.update(overrides or {})
+    return load_config(config, ov or None)

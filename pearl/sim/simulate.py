@@ -75,6 +75,7 @@ from pearl.core.events import ReclaimNotice
 from pearl.core.makespan import compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.engines.emulated import EmulatedEngine
+from pearl.engines.emulated_physics import EmulatorPhysics
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.controller import Controller
 from pearl.sim.emulated_trainer import EmulatedTrainer
@@ -225,7 +226,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
                progress: Callable[[float], None] | None,
                schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> dict[str, Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg))
     factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock)
     await ctrl.start()
@@ -414,6 +415,26 @@ def oracle_plan(cfg: RunConfig, tl: GpuTimeline | None, duration_s: float, notic
     return plan_allocations(intervals, rates, switch_s, cfg.policy, borrow, floor)
 
 
+def oracle_bound(name: str, summaries: Mapping[str, dict[str, Any]], off_trace: set[str]) -> dict[str, Any]:
+    """The oracle's summary, bounding every system of the run by construction: the best (most
+    ``trajectories_per_hour``) of its own planned replay and every other system's replayed
+    schedule on the same trace (each is an allocation schedule the trace allows, so the hindsight
+    oracle may pick it; fixed pools sized off the trace, ``off_trace`` = roll-large, are not).
+    ``oracle_plan.source`` names the schedule taken ("plan": its own), ``oracle_plan.
+    plan_trajectories_per_hour`` the plan's own throughput."""
+    own = summaries[name]
+    plan = dict(own.get("oracle_plan", {}))
+    plan["plan_trajectories_per_hour"] = own["trajectories_per_hour"]
+    best, source = own, "plan"
+    for other, s in summaries.items():
+        if other == name or other in off_trace or "oracle_plan" in s:
+            continue
+        if s["trajectories_per_hour"] > best["trajectories_per_hour"]:
+            best, source = s, other
+    plan["source"] = source
+    return {**best, "oracle_plan": plan}
+
+
 def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[SystemSpec],
                    duration_s: float | None = None, notice_s: float = DEFAULT_NOTICE_S,
                    roll_large_gpus: int | None = None, trace_label: str = "",
@@ -444,6 +465,10 @@ def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[Sys
         res["series"][spec.name] = series
         if progress is not None:
             progress(spec.name, 1.0)
+    for spec in systems:
+        if spec.oracle:
+            res["systems"][spec.name] = oracle_bound(spec.name, res["systems"],
+                                                     {s.name for s in systems if s.fixed_pool is not None})
     wall = time.perf_counter() - w0
     ev = sum(s["sim_events"] for s in res["systems"].values())
     res["wall_s"] = round(wall, 3)
@@ -457,9 +482,13 @@ def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[Sys
 
 
 # ------------------------------------------------------------------------------ batch search
-async def _measure(cfg: RunConfig, batches: int) -> tuple[list[float], Any]:
+async def _measure(cfg: RunConfig, batches: int, physics: EmulatorPhysics | None = None,
+                   engines: list[EmulatedEngine] | None = None) -> tuple[list[float], Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, physics if physics is not None else
+                                        EmulatedEngine.emulator_physics(cfg))
+    if engines is not None:
+        engines.append(engine)
     factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock, max_batches=batches)
     await ctrl.start()
@@ -470,14 +499,17 @@ async def _measure(cfg: RunConfig, batches: int) -> tuple[list[float], Any]:
         await ctrl.stop()
 
 
-def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1) -> tuple[float, Any]:
-    """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker)."""
+def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1, physics: EmulatorPhysics | None = None,
+                     engines: list[EmulatedEngine] | None = None) -> tuple[float, Any]:
+    """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker).
+    ``physics``: the emulator's constants (default: the model's ``configs/emulator`` file);
+    ``engines``: if given, the engine is appended to it (its telemetry: ``phase_split``)."""
     policy = cfg.policy.model_copy(update={"use_preemptible": False, "borrow_enabled": False,
                                            "allocation_overrides": {n: label}, "allow_disaggregation": True,
                                            "max_staleness": max(cfg.policy.max_staleness, batches)})
     cluster = cfg.cluster.model_copy(update={"reserved_gpus": n * cfg.cluster.tp_size, "max_preemptible_gpus": 0})
     c = cfg.model_copy(update={"policy": policy, "cluster": cluster})
-    spans, tracker = run_virtual(_measure(c, batches))
+    spans, tracker = run_virtual(_measure(c, batches, physics, engines))
     if not spans:
         raise SimulationError(f"measuring {label} on {n} workers: no batch completed")
     return statistics.fmean(spans), tracker

@@ -39,10 +39,13 @@ Modelling choices the paper leaves open (made here):
 - A drop at time ``t`` is announced ``notice_s`` earlier (AWS: a 2-minute interruption notice), i.e.
   a ``ReclaimNotice`` at ``max(t - notice_s, previous change)`` with ``deadline = t``. The notice
   is never issued before the previous change point (the provider cannot know earlier).
-- Segment picker: sliding windows of ``hours`` aligned to ticks; ``abundant`` = highest mean GPUs
-  (ties: fewest changes), ``volatile`` = most change points (ties: largest total |delta|),
-  ``scarce`` = lowest mean among windows whose mean is at least a quarter of
-  ``max_preemptible_gpus`` (an all-zero window tests nothing elastic). The three are disjoint.
+- Segment picker: sliding windows of ``hours`` aligned to ticks, taken in this order:
+  ``abundant`` = highest mean GPUs (ties: fewest changes); ``scarce`` = lowest mean among windows
+  whose mean is at least a quarter of ``max_preemptible_gpus`` (an all-zero window tests nothing
+  elastic); ``volatile`` = most change points (ties: largest total |delta|) among windows with at
+  least the scarce one's mean, so scarce never has more GPUs than volatile. The three are
+  disjoint. A trace whose windows are all alike (one mean, one change count) is a ``TraceError``
+  saying so, as is one whose free windows all hold fewer GPUs than the scarce one.
 - Matched picker (``match_segments``): for each label a target mean of preemptible GPUs, the
   window whose mean is nearest the target (ties: most change points, then earliest); disjoint,
   taken in the order given. ``experiments fig5-paper`` uses it to match the paper's segments:
@@ -368,6 +371,12 @@ def match_segments(trace: Trace, cluster: ClusterSpec, targets: dict[str, float]
 def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dict[str, SegmentPick]:
     """Disjoint abundant / volatile / scarce windows of ``hours`` (rules in the module docstring)."""
     tl, n, stats = _windows(trace, cluster, hours)
+    kinds = {(round(st[1], 9), st[2]) for st in stats}
+    if len(kinds) == 1:
+        mean, changes = next(iter(kinds))
+        raise TraceError(f"{trace.source}: every {hours} h window is alike ({mean:g} preemptible GPUs on average, "
+                         f"{changes} changes): there is no abundant, volatile or scarce segment to tell apart; "
+                         "replay a window by its start (--start-hour)")
     taken: list[int] = []
 
     def free(i: int) -> bool:
@@ -384,7 +393,12 @@ def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dic
         picks[label] = SegmentPick(label, best[0] * tl.gap_s / 3600, n * tl.gap_s / 3600, best[1], best[2])
 
     take("abundant", lambda s: (-s[1], s[2], s[0]), stats)
-    take("volatile", lambda s: (-s[2], -s[3], s[0]), stats)
     floor = cluster.max_preemptible_gpus / 4
     take("scarce", lambda s: (s[1], -s[2], s[0]), [s for s in stats if s[1] >= floor] or stats)
-    return picks
+    low = picks["scarce"].mean_gpus if "scarce" in picks else -math.inf
+    pool = [s for s in stats if s[1] >= low and free(s[0])]
+    if not pool and any(free(s[0]) for s in stats):
+        raise TraceError(f"{trace.source}: every free {hours} h window has fewer preemptible GPUs than the scarce "
+                         f"segment's {low:.2f}: no volatile segment at least as provisioned")
+    take("volatile", lambda s: (-s[2], -s[3], s[0]), pool)
+    return {k: picks[k] for k in ("abundant", "volatile", "scarce") if k in picks}

@@ -85,3 +85,21 @@ def test_a_segment_that_starts_with_spot_gpus_still_starts_on_the_reserved_pool(
     ivs = budget_intervals(oracle_events(trace_events(tl), tl.duration_s), cl, tl.duration_s)
     assert [iv.n_workers for iv in ivs] == [4, 8] and ivs[1].start_s == EXPANSION_S
     assert 4 not in reachable_budgets(tl, cl)
+
+
+def test_oracle_bound_takes_the_best_schedule_on_the_trace() -> None:
+    from pearl.sim.simulate import oracle_bound
+
+    plan = {"intervals": [], "planned_switches": 0, "planned_trajectories": 10.0}
+    runs = {
+        "oracle": {"trajectories_per_hour": 600.0, "oracle_plan": plan},
+        "pearl": {"trajectories_per_hour": 610.0, "gates": {"borrow": {}}},
+        "rlboost+": {"trajectories_per_hour": 605.0},
+        "roll-large": {"trajectories_per_hour": 900.0},  # a fixed pool sized off the trace
+    }
+    out = oracle_bound("oracle", runs, {"roll-large"})
+    assert out["trajectories_per_hour"] == 610.0 and out["gates"] == {"borrow": {}}
+    assert out["oracle_plan"] == {**plan, "plan_trajectories_per_hour": 600.0, "source": "pearl"}
+    runs["oracle"]["trajectories_per_hour"] = 620.0
+    out = oracle_bound("oracle", runs, {"roll-large"})
+    assert out["trajectories_per_hour"] == 620.0 and out["oracle_plan"]["source"] == "plan"
