@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.pearl-setup-$(shell cat pyproject.toml scripts/setup.sh scripts/setup_sglang.sh 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.pearl-setup-$(shell cat pyproject.toml scripts/setup.sh scripts/setup_sglang.sh scripts/setup_swebench.sh 2>/dev/null | sha1sum | cut -c1-12)
 MODELS := .models
 CONFIG ?= configs/cpu-demo.yaml
 PYTEST_ARGS ?=
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 ## setup: create .venv and install PEARL with vLLM (CPU), dev tools and local models (idempotent)
 setup: $(STAMP) $(MODELS)/.built
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/setup_sglang.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/setup_sglang.sh scripts/setup_swebench.sh
 	PY=$(PY) bash scripts/setup.sh
 	@rm -f $(VENV)/.pearl-setup-* && touch $@
 

