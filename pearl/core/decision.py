@@ -58,7 +58,7 @@ from pearl.core.hardware import HardwareProfile
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
-__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "Mode", "decide", "evaluate",
+__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "decide", "evaluate",
            "evaluate_table", "project"]
 
 
@@ -66,7 +66,9 @@ class DecisionError(ValueError):
     """A decision could not be made (e.g. a budget of 0 workers); the message says why."""
 
 
-class _PolicyLike(Protocol):
+class DecisionPolicy(Protocol):
+    """The policy fields the decision reads (``PolicyConfig``)."""
+
     @property
     def mode_switch_threshold(self) -> float: ...
     @property
@@ -285,7 +287,7 @@ class Decision:
         }
 
 
-def project(current: Allocation, n_workers: int, policy: _PolicyLike) -> Allocation:
+def project(current: Allocation, n_workers: int, policy: DecisionPolicy) -> Allocation:
     """Map ``current`` onto a budget of ``n_workers`` keeping its mode and prefill fraction."""
     if current.mode is Mode.COLOCATED or not policy.allow_disaggregation:
         return Allocation.colocated(n_workers)
@@ -300,7 +302,7 @@ def project(current: Allocation, n_workers: int, policy: _PolicyLike) -> Allocat
 
 
 def evaluate_table(
-    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike,
+    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: DecisionPolicy,
     coloc_workers: float | None = None,
 ) -> CandidateTable:
     """Every candidate for ``n_workers`` as arrays (module docstring, 1.-2.). ``coloc_workers``:
@@ -321,7 +323,7 @@ def evaluate_table(
 
 
 def evaluate(
-    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: _PolicyLike
+    n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: DecisionPolicy
 ) -> tuple[Candidate, ...]:
     """Every candidate allocation for ``n_workers`` with its prediction (colocation first)."""
     return evaluate_table(n_workers, batch, hw, wl, policy).all()
@@ -332,7 +334,7 @@ def decide(
     batch: int,
     hw: HardwareProfile,
     wl: WorkloadProfile,
-    policy: _PolicyLike,
+    policy: DecisionPolicy,
     current: Allocation | None = None,
     coloc_workers: float | None = None,
 ) -> Decision:

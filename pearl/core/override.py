@@ -29,25 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from pearl.core.decision import Allocation, Decision, Mode, decide
+from pearl.core.decision import Allocation, Decision, DecisionPolicy, Mode, decide
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 
 
-class OverridePolicy(Protocol):
+class OverridePolicy(DecisionPolicy, Protocol):
     """The policy fields the decision, its overrides and the gates read (``PolicyConfig``)."""
 
-    @property
-    def mode_switch_threshold(self) -> float: ...
-    @property
-    def ratio_switch_threshold(self) -> float: ...
-    @property
-    def allow_disaggregation(self) -> bool: ...
-    @property
-    def min_prefill_workers(self) -> int: ...
-    @property
-    def min_decode_workers(self) -> int: ...
-    @property
-    def max_prefill_utilization(self) -> float: ...
     @property
     def gate_enabled(self) -> bool: ...
     @property
