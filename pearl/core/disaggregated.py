@@ -161,16 +161,32 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
     fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
     ef = hw.decode_experts_s(nf) if hw.experts_frac > 0.0 else None  # per (candidate, stage)
     idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
+    # each path's current stage's (E_s, n, W, C / C_lat, b_e f_E(n)), shape (paths, candidates):
+    # gathered once, then again only where a stage advanced (a path changes stage a few times)
+    sources = (fe, nf, wf, sf) if ef is None else (fe, nf, wf, sf, ef)
+    held = [src[idx] for src in sources]
+    flat_idx, flat_held = idx.reshape(-1), [h.reshape(-1) for h in held]
+    bound, n_at, w_at, s_at = held[:4]
+    e_at = held[4] if ef is not None else None
     for k, lv in enumerate(tail.n_live):
         ix, tk = idx[:lv], t[:lv]
         for _ in range(n_stages):
-            adv = fe[ix] < tk
+            adv = bound[:lv] < tk
             if not adv.any():
                 break
             ix += adv
+            if np.count_nonzero(adv) * 8 < adv.size:
+                moved = np.flatnonzero(adv)  # flat positions: the leading rows are a prefix of the arrays
+                at = flat_idx[moved]
+                for src, h in zip(sources, flat_held, strict=True):
+                    h[moved] = src[at]
+            else:
+                for src, h in zip(sources, held, strict=True):
+                    h[:lv] = src[ix]
         col = slice(k, k + 1)
-        tau = hw.decode_step_s(nf[ix], ctx[:lv, col], (kv[:lv, col], cp[:lv, col]), None if ef is None else ef[ix])
-        tk += (wf[ix] + fixed[:lv, col] + o[:lv, col] * tau) * sf[ix]
+        tau = hw.decode_step_s(n_at[:lv], ctx[:lv, col], (kv[:lv, col], cp[:lv, col]),
+                               None if e_at is None else e_at[:lv])
+        tk += (w_at[:lv] + fixed[:lv, col] + o[:lv, col] * tau) * s_at[:lv]
     by_path = t[tail.rows]
     total = np.zeros(m_cand, dtype=np.float64)
     i = 0
