@@ -23,8 +23,10 @@ that matters is the one between turns.
 ``c_s^2``) on a log grid of ``z / p`` (``_closed_wait_table``, cached) and each call interpolates,
 linearly in ``m`` between floor(m) and floor(m) + 1 (``m < 1`` waits 0) and linearly in
 ``log(z / p)``. The interpolation error is under 0.1 % of ``W``
-(``tests/core/test_makespan_queue.py``); a table takes 32 k_max (G - 1) bytes, G = 1121, k_max the
-power of two above max m (at least 16; B = 64: 128, 4.6 MB; at most 4 cached).
+(``tests/core/test_makespan_queue.py``); a table takes 8 (k_max + 1) G bytes, G = 1121, k_max the
+power of two above max m (at least 16; B = 64: 128, 1.2 MB; at most 4 cached). A lookup reads the
+cell's four corners ``T[k, j], T[k, j + 1], T[k + 1, j], T[k + 1, j + 1]`` (four gathers from the
+flat table).
 """
 
 from __future__ import annotations
@@ -82,15 +84,14 @@ def _closed_wait_table(k_max: int, cs2: float) -> F64:
 
 
 @functools.lru_cache(maxsize=4)
-def _closed_wait_cells(k_max: int, cs2: float) -> F64:
-    """The table as bilinear cells, one gather per lookup: row ``k * (G - 1) + j`` holds
-    ``(T[k, j], T[k, j+1] - T[k, j], T[k+1, j], T[k+1, j+1] - T[k+1, j])`` (k < k_max)."""
-    t = _closed_wait_table(k_max, cs2)
-    lo, hi = t[:-1], t[1:]
-    cells = np.stack([lo[:, :-1], np.diff(lo, axis=1), hi[:, :-1], np.diff(hi, axis=1)], axis=-1)
-    out: F64 = np.ascontiguousarray(cells.reshape(-1, 4))
-    out.setflags(write=False)
-    return out
+def _closed_wait_corners(k_max: int, cs2: float) -> tuple[F64, F64, F64, F64]:
+    """The table flat (``T[k, j]`` at ``k G + j``) and as the views whose entry ``k G + j`` is
+    ``T[k, j]``, ``T[k, j + 1]``, ``T[k + 1, j]``, ``T[k + 1, j + 1]``: a cell's corners are four
+    gathers at one index."""
+    flat = _closed_wait_table(k_max, cs2).reshape(-1)
+    flat.setflags(write=False)
+    g = _RATIO_GRID.size
+    return flat, flat[1:], flat[g:], flat[g + 1 :]
 
 
 def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
@@ -104,16 +105,16 @@ class ClosedWait:
     fixed point calls it with a new ``z`` every round, so the table lookup in ``m`` is done once
     (flat indices into the table)."""
 
-    __slots__ = ("base", "cells", "logp", "w_hi", "w_lo", "width")
+    __slots__ = ("base", "corners", "logp", "w_hi", "w_lo", "width")
 
     def __init__(self, m: F64, p: F64, cs2: float) -> None:
         m, p = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64))
         need = math.ceil(float(np.max(m))) + 1 if m.size else 2
         k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
-        self.cells = _closed_wait_cells(k_max, round(float(cs2), 3))
+        self.corners = _closed_wait_corners(k_max, round(float(cs2), 3))
         lo = np.clip(np.floor(m), 1, k_max - 1).astype(np.intp)
         self.width = _RATIO_GRID.size - 1
-        self.base = lo * self.width
+        self.base = lo * _RATIO_GRID.size  # T[floor(m), 0] in the flat table
         fm = np.clip(m - lo, 0.0, 1.0)
         scale = np.where(m < 1.0, 0.0, p)  # W = p x (W / p); m < 1 waits 0
         self.w_lo, self.w_hi = (1.0 - fm) * scale, fm * scale  # the weights of rows floor(m), floor(m) + 1
@@ -125,6 +126,7 @@ class ClosedWait:
         pos = np.minimum(np.maximum(pos, 0.0), self.width - 1e-6)
         j = pos.astype(np.intp)  # floor: pos >= 0
         fj = pos - j
-        g = self.cells[self.base + j]  # one gather: the cell's corners and slopes
-        w: F64 = (g[..., 0] + fj * g[..., 1]) * self.w_lo + (g[..., 2] + fj * g[..., 3]) * self.w_hi
+        at = self.base + j
+        t00, t01, t10, t11 = (corner[at] for corner in self.corners)
+        w: F64 = (t00 + fj * (t01 - t00)) * self.w_lo + (t10 + fj * (t11 - t10)) * self.w_hi
         return w  # >= 0: the table is, and the weights are
