@@ -59,6 +59,7 @@ each of ``TAIL_WINDOWS`` windows. Measure with ``make predictor-check``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,7 +130,7 @@ def disaggregated_makespan(
     total: F64
     tail = pool_tail(wl)
     if tail is not None and st.turns.size:
-        total = _slowest_path(hw, st, tail, w, n, c_lat, c_cyc) + start
+        total = _slowest_path(hw, wl, st, tail, w, n, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)
         total = factor * ((weights * c_cyc).sum(axis=1) + start)
@@ -138,22 +139,39 @@ def disaggregated_makespan(
     return DisaggResult(total, prefill_ok, kv_ok, u_batch, cache_ok, held)
 
 
-def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
+@functools.lru_cache(maxsize=64)
+def _path_turns(hw: HardwareProfile, wl: WorkloadProfile) -> tuple[tuple[int, F64, F64, F64, F64, F64], ...]:
+    """Per turn k of the slowest paths, what does not depend on the candidate, for the rows still
+    on their paths (shape (live rows, 1) each): ``(rows, P + X + e, L, b2 L, b1 + b3 L, o)`` with
+    ``L = x + c + o / 2`` (cached per profiles: the decision asks for it at every evaluation)."""
+    tail = pool_tail(wl)
+    if tail is None:
+        return ()
+    x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
+    fixed = hw.prefill_s(x, c) + hw.transfer_s(x + c) + e
+    ctx = x + c + o / 2.0
+    kv, cp = hw.decode_slopes(ctx)  # (P, K) each
+    out: list[tuple[int, F64, F64, F64, F64, F64]] = []
+    for k, lv in enumerate(tail.n_live):
+        f_k, l_k, kv_k, cp_k, o_k = (np.ascontiguousarray(a[:lv, k : k + 1]) for a in (fixed, ctx, kv, cp, o))
+        for col in (f_k, l_k, kv_k, cp_k, o_k):
+            col.setflags(write=False)
+        out.append((lv, f_k, l_k, kv_k, cp_k, o_k))
+    return tuple(out)
+
+
+def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: TailArrays,
                   w: F64, n: F64, c_lat: F64, c_cyc: F64) -> F64:
     """``sum_w omega_w max_{j in w} sum_k T_jk`` over the kept windows' slowest trajectories ``j``
-    (module docstring), per candidate; ``w``, ``n``, ``c_lat``, ``c_cyc`` are the per-stage states,
-    shape (M, S). Every path of every window advances together: arrays (paths, candidates),
+    (module docstring), per candidate; ``tail`` is ``pool_tail(wl)``; ``w``, ``n``, ``c_lat``,
+    ``c_cyc`` are the per-stage states, shape (M, S). Every path of every window advances together: arrays (paths, candidates),
     longest path first (``workload.TailArrays``), so that turn k updates the leading rows still on
     their paths."""
     m_cand, n_stages = w.shape
     rows = np.arange(m_cand)
     front_end = np.cumsum(st.turns * c_cyc, axis=1)  # E_s, (M, S)
     stretch = c_cyc / c_lat
-    x, c, o, e = (tail.turns[:, :, j] for j in range(4))  # (P, K) each
-    fixed = hw.prefill_s(x, c) + hw.transfer_s(x + c) + e
-    ctx = x + c + o / 2.0
-    kv, cp = hw.decode_slopes(ctx)  # (P, K) each
-    t = np.zeros((x.shape[0], m_cand), dtype=np.float64)
+    t = np.zeros((tail.turns.shape[0], m_cand), dtype=np.float64)
     # flat (candidate, stage) index of each path's current stage; a path's time only grows, so its
     # stage only advances: s = #{s' : E_s' < t}, clipped to the last stage (whose end reads as +inf)
     fe = front_end.copy()
@@ -166,27 +184,30 @@ def _slowest_path(hw: HardwareProfile, st: Stages, tail: TailArrays,
     sources = (fe, nf, wf, sf) if ef is None else (fe, nf, wf, sf, ef)
     held = [src[idx] for src in sources]
     flat_idx, flat_held = idx.reshape(-1), [h.reshape(-1) for h in held]
-    bound, n_at, w_at, s_at = held[:4]
-    e_at = held[4] if ef is not None else None
-    for k, lv in enumerate(tail.n_live):
-        ix, tk = idx[:lv], t[:lv]
+    live = -1
+    for lv, fixed, ctx, kv, cp, o in _path_turns(hw, wl):
+        if lv != live:  # the leading rows still on their paths: views, written through
+            live = lv
+            ix, tk = idx[:lv], t[:lv]
+            now = [h[:lv] for h in held]
+            bound, n_at, w_at, s_at = now[:4]
+            e_at = now[4] if ef is not None else None
         for _ in range(n_stages):
-            adv = bound[:lv] < tk
-            if not adv.any():
+            adv = bound < tk
+            moved_n = np.count_nonzero(adv)
+            if not moved_n:
                 break
             ix += adv
-            if np.count_nonzero(adv) * 8 < adv.size:
+            if moved_n * 8 < adv.size:
                 moved = np.flatnonzero(adv)  # flat positions: the leading rows are a prefix of the arrays
                 at = flat_idx[moved]
                 for src, h in zip(sources, flat_held, strict=True):
                     h[moved] = src[at]
             else:
-                for src, h in zip(sources, held, strict=True):
-                    h[:lv] = src[ix]
-        col = slice(k, k + 1)
-        tau = hw.decode_step_s(n_at[:lv], ctx[:lv, col], (kv[:lv, col], cp[:lv, col]),
-                               None if e_at is None else e_at[:lv])
-        tk += (w_at[:lv] + fixed[:lv, col] + o[:lv, col] * tau) * s_at[:lv]
+                for src, h in zip(sources, now, strict=True):
+                    h[...] = src[ix]
+        tau = hw.decode_step_s(n_at, ctx, (kv, cp), e_at)
+        tk += (w_at + fixed + o * tau) * s_at
     by_path = t[tail.rows]
     total = np.zeros(m_cand, dtype=np.float64)
     i = 0
