@@ -108,7 +108,8 @@ class ClosedWait:
     __slots__ = ("base", "corners", "logp", "w_hi", "w_lo", "width")
 
     def __init__(self, m: F64, p: F64, cs2: float) -> None:
-        m, p = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64))
+        # m and p broadcast through the arithmetic below (the weights take their common shape)
+        m, p = np.asarray(m, dtype=np.float64), np.asarray(p, dtype=np.float64)
         need = math.ceil(float(np.max(m))) + 1 if m.size else 2
         k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
         self.corners = _closed_wait_corners(k_max, round(float(cs2), 3))
