@@ -53,7 +53,8 @@ def converged(prev: F64, cur: F64, rtol: float = 1e-4) -> bool:
     """Whether no cycle time moved by more than ``rtol`` (relative) in one round. The fixed
     points ask from their second round on: the first round's cycle can equal the initial guess
     while ``n`` has moved (no prefill: both are computed at ``n = m``)."""
-    return bool((np.abs(cur - prev) <= rtol * cur).all())
+    close = np.abs(cur - prev) <= rtol * cur
+    return int(np.count_nonzero(close)) == close.size  # all of them (a NaN is never close)
 
 
 @dataclass(frozen=True, slots=True)
