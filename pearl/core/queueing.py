@@ -128,6 +128,7 @@ class ClosedWait:
         j = pos.astype(np.intp)  # floor: pos >= 0
         fj = pos - j
         at = self.base + j
-        t00, t01, t10, t11 = (corner[at] for corner in self.corners)
+        c00, c01, c10, c11 = self.corners
+        t00, t01, t10, t11 = c00[at], c01[at], c10[at], c11[at]
         w: F64 = (t00 + fj * (t01 - t00)) * self.w_lo + (t10 + fj * (t11 - t10)) * self.w_hi
         return w  # >= 0: the table is, and the weights are
