@@ -42,6 +42,7 @@ Life cycle: ``watch = CloudWatch(sources, sink)``; ``watch.start()`` spawns one 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -107,7 +108,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return doc
 
 
-class Source:
+class Source(abc.ABC):
     """One polling loop with logging and exponential back-off (module docstring)."""
 
     name = "source"
@@ -129,8 +130,9 @@ class Source:
         self.delay_s = period_s
         self.last_error = ""
 
+    @abc.abstractmethod
     async def poll(self, http: aiohttp.ClientSession) -> list[CloudSignal]:
-        raise NotImplementedError
+        """One read of the cloud's signal endpoints: the signals now present (empty when none)."""
 
     async def run(self, http: aiohttp.ClientSession, report: Sink) -> None:
         while True:
