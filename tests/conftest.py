@@ -27,6 +27,15 @@ SHARED_DIR = Path(os.environ.get("PEARL_SHARED_DIR", ROOT.parent / "shared"))
 SHIPPED_TRACE = ROOT / "configs/traces/bamboo-g4dn/g4dn-trace.csv"
 LITE_DEV = ROOT / "envs/swebench/data/SWE-bench_Lite-dev.json"
 SPOT_AWS = SHARED_DIR / "data/traces/spot-aws-16node-2023-08-27"
+
+
+def missing_setup(reason: str, allow_module_level: bool = False) -> None:
+    """A folder ``make setup`` builds (``.sglang``, ``.swebench``) is absent: skip, saying so, on a
+    developer's machine; fail under CI (``CI=true``), where the setup must have built it, so a broken
+    install step can never pass as skipped tests."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{reason} (CI: make setup must build it)", pytrace=False)
+    pytest.skip(reason, allow_module_level=allow_module_level)
 needs_spot_aws = pytest.mark.skipif(
     not SPOT_AWS.is_dir(),
     reason=f"the spot-traces JSON ({SPOT_AWS}) is not here: it has no licence to ship in the repository; "

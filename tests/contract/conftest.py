@@ -1,10 +1,12 @@
 """The contract tests run SGLang's own code from ``.sglang`` (``tests/contract/sglang_env.py``), each in
-child processes, so nothing of SGLang is imported into the test process; they skip, saying so,
-only when that folder has not been built (``make setup`` builds it)."""
+child processes, so nothing of SGLang is imported into the test process; without that folder
+(``make setup`` builds it) they skip, saying so, on a developer's machine and fail under CI."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.conftest import missing_setup
 
 from .sglang_env import MISSING, installed
 
@@ -13,4 +15,4 @@ from .sglang_env import MISSING, installed
 def sglang_installed() -> None:
     """``.sglang`` is built."""
     if not installed():
-        pytest.skip(MISSING)
+        missing_setup(MISSING)

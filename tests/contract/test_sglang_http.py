@@ -35,6 +35,7 @@ from pearl.engines.base import (
 from pearl.engines.resume import continuation_request, generated_tokens
 from pearl.engines.sglang import SglangEngine, SglangSettings
 from pearl.engines.sglang_fake import next_token
+from tests.conftest import missing_setup
 
 from .sglang_env import MISSING, ROOT, installed
 
@@ -69,7 +70,7 @@ async def engines(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tup
     """``inc``: a colocated server with incremental streaming (PEARL's default); ``cum``: a decode
     server (mooncake, role switch on) streaming cumulatively (SGLang's default)."""
     if not installed():
-        pytest.skip(MISSING)
+        missing_setup(MISSING)
     inc = SglangEngine(tmp_path_factory.mktemp("inc"), settings())
     cum = SglangEngine(tmp_path_factory.mktemp("cum"), settings(
         incremental_streaming=False, transfer_backend="mooncake", enable_pd_role_switch=True,

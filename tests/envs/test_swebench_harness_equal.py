@@ -47,15 +47,15 @@ from envs.swebench.harness import (
     TESTS_TIMEOUT,
     repo_spec,
 )
-from tests.conftest import LITE_DEV
+from tests.conftest import LITE_DEV, missing_setup
 from tests.envs.swebench_logs import DATA
 
 SWEBENCH_VERSION = "4.1.0"
 ROOT = Path(os.environ.get("PEARL_SWEBENCH_PATH") or Path(__file__).resolve().parents[2] / ".swebench")
 HARNESS = ROOT / "swebench" / "harness"
 if not (HARNESS / "log_parsers" / "python.py").is_file():
-    pytest.skip(f"swebench {SWEBENCH_VERSION} is not in {ROOT}: run `bash scripts/setup_swebench.sh` "
-                "(make setup does) or set PEARL_SWEBENCH_PATH to a folder holding it", allow_module_level=True)
+    missing_setup(f"swebench {SWEBENCH_VERSION} is not in {ROOT}: run `bash scripts/setup_swebench.sh` "
+                  "(make setup does) or set PEARL_SWEBENCH_PATH to a folder holding it", allow_module_level=True)
 
 
 def _exec_file(name: str, path: Path) -> types.ModuleType:
