@@ -1,7 +1,7 @@
 """Replay speed: one 2-hour segment at paper scale (16 training GPUs, 4 reserved + up to 12
 preemptible, batch 64, 32K limit) through the real runtime on the emulated engine, per system.
 
-    .venv/bin/python benchmarks/bench_replay.py [--workload paper|config] [--systems pearl,roll]
+    .venv/bin/python benchmarks/bench_replay.py [--systems pearl,roll]
         [--trace FILE]   (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)
 
 Prints, per system, wall and CPU seconds (CPU time of this single-threaded process = the one-core
@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pearl.config import load_config
-from pearl.sim.presets import preset_overrides
+from pearl.sim.presets import load_preset_config
 from pearl.sim.simulate import run_system
 from pearl.sim.systems import parse_systems
 from pearl.sim.traces import SHIPPED_TRACE, gpu_timeline, load_trace, pick_segments
@@ -24,16 +23,15 @@ from pearl.sim.traces import SHIPPED_TRACE, gpu_timeline, load_trace, pick_segme
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="qwen3-8b-h200")
-    ap.add_argument("--workload", default="paper")
     ap.add_argument("--segment", default="volatile")
     ap.add_argument("--systems", default="roll,rlboost+,pearl")
     ap.add_argument("--trace", default=str(SHIPPED_TRACE), help="availability trace (pearl/sim/traces.py formats)")
     a = ap.parse_args()
-    cfg = load_config(a.config, preset_overrides(a.workload) or None)
+    cfg = load_preset_config(a.config, "paper")
     tr = load_trace(a.trace)
     p = pick_segments(tr, cfg.cluster)[a.segment]
     tl = gpu_timeline(tr.segment(p.start_hour * 3600, 7200), cfg.cluster)
-    print(f"{a.config} workload={a.workload} segment={a.segment}@{p.start_hour:.2f}h (2 h)")
+    print(f"{a.config} workload=paper segment={a.segment}@{p.start_hour:.2f}h (2 h)")
     for spec in parse_systems(a.systems):
         w0 = time.perf_counter()
         s, _ = run_system(cfg, spec, tl)

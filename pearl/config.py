@@ -101,6 +101,10 @@ class HardwareSpec(_Strict):
     prefill_mfu: float = Field(default=0.45, gt=0, le=1, description="model FLOP utilisation of prefill")
     decode_bw_efficiency: float = Field(default=0.7, gt=0, le=1, description="fraction of peak bandwidth decode reaches")
     step_overhead_s: float = Field(default=0.004, ge=0, description="fixed per-iteration scheduling/launch overhead, s")
+    moe_kernel_floor: float = Field(
+        default=0.0, ge=0, lt=1, description="fused-MoE kernel: the share of a full expert read that a "
+        "decode step of one token already costs (0: the plain touched-expert count); from a public kernel "
+        "timing table (pearl.engines.emulated_physics.fit_moe_curve)")
 
 
 # ----------------------------------------------------------------------------------- cluster

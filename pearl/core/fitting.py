@@ -27,8 +27,11 @@ Hardware (``fit_hardware``), each scale ``k = 1 + alpha_w (s - 1)`` on the prior
   the split between the two parts is identified by the spread of the decode batch ``n`` alone, and
   colocated records carry the stall correction's residuals, correlated with ``n``) and whose prior
   step is memory-bound (a compute-bound record would need a third scale). With fewer than 3 such
-  records, or a singular or non-positive solution, one common scale ``s_f = s_v`` = the median
-  ratio over all records. A colocated record's decode time includes the prefill chunks of the
+  records, or a singular or non-positive solution, the colocated records give the split
+  (``_colocated_scales``): within a group of one worker and one decode batch the stall error is a
+  shared multiplier, so the slope / intercept of ``y / xf`` against ``xv / xf`` is the ratio
+  ``q = s_v / s_f`` free of it (weighted median over the groups), and ``s_f = median(y / (xf + q
+  xv))``; without such a group, one common scale ``s_f = s_v`` = the median ratio over all records. A colocated record's decode time includes the prefill chunks of the
   other requests that stalled its batch; the colocated model adds that interference itself
   (``D = o tau / (1 - u (m - 1) / m)``), so its ``y`` is the stall-free time::
 
@@ -76,6 +79,8 @@ from pearl.core.workload import (
 #: ``_service_scale``: the low quantile that marks an uncontended request, and the band above it
 #: whose median is taken (robust to timing jitter of either sign)
 SERVICE_QUANTILE = 0.1
+#: the least records of one (worker, decode batch) group the colocated decode split is read from
+MIN_GROUP_RECORDS = 8
 SERVICE_BAND = 1.25
 #: fewest whole trajectories in a window for a tail-factor estimate or slowest paths
 MIN_TRAJECTORIES_FOR_TAIL = 8
@@ -155,7 +160,7 @@ def _fit_decode(prior: HardwareProfile, out: HardwareProfile, recs: Sequence[Tel
     free = _two_scale_records(prior, dec, n, ctx, ratio, med)
     sf, sv = _lsq2([xf[i] for i in free], [xv[i] for i in free], [ys[i] for i in free])
     if sf is None or sv is None:
-        sf = sv = med
+        sf, sv = _colocated_scales(prior, dec, n, ctx, ys, xf, xv, ratio, med)
     kf, kv = _blend(sf, alpha), _blend(sv, alpha)
     return replace(out, b0=out.b0 * kf, b_e=out.b_e * kf, b1=out.b1 * kv, b2=out.b2 * kv, b3=out.b3 * kv)
 
@@ -166,6 +171,65 @@ def _two_scale_records(prior: HardwareProfile, dec: Sequence[TelemetryRecord], n
     disaggregated (stall-free) and on the prior's memory branch."""
     return [i for i, q in enumerate(ratio) if med / 5.0 <= q <= med * 5.0
             and dec[i].mode is not Mode.COLOCATED and _memory_bound(prior, n[i], ctx[i])]
+
+
+def _colocated_scales(prior: HardwareProfile, dec: Sequence[TelemetryRecord], n: Sequence[float],
+                      ctx: Sequence[float], ys: Sequence[float], xf: Sequence[float], xv: Sequence[float],
+                      ratio: Sequence[float], med: float) -> tuple[float, float]:
+    """The two decode scales from colocated records (module docstring): the per-sequence share
+    ``q = s_v / s_f`` within the groups of one worker and one decode batch, then the level.
+
+    A colocated record's stall-free time carries its worker's prefill-stall error, a multiplier
+    ``(1 + e_g)`` shared by the records of a group ``g`` = (worker, ``round(n)``) and independent
+    of their contexts, so within a group ``y_i / xf_i = A_g + B_g (xv_i / xf_i)`` with
+    ``A_g = (1 + e_g) s_f`` and ``B_g = (1 + e_g) s_v``; the ratio ``q_g = B_g / A_g`` is free of the
+    error. ``q`` is the weighted median of ``q_g`` (weight ``|g| var(xv / xf)``) over the groups with
+    at least ``MIN_GROUP_RECORDS`` memory-bound records within 5x of the median ratio, and::
+
+        s_f = median_i( y_i / (xf_i + q xv_i) ),     s_v = q s_f
+
+    Without such a group, or with a non-positive ``q``: one common scale, the median ratio."""
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, r in enumerate(dec):
+        if (r.mode is Mode.COLOCATED and r.worker_id and med / 5.0 <= ratio[i] <= med * 5.0
+                and _memory_bound(prior, n[i], ctx[i])):
+            groups[(r.worker_id, round(n[i]))].append(i)
+    shares: list[tuple[float, float]] = []
+    for idx in groups.values():
+        if len(idx) < MIN_GROUP_RECORDS:
+            continue
+        fit = _line([xv[i] / xf[i] for i in idx], [ys[i] / xf[i] for i in idx])
+        if fit is not None and fit[0] > 0:
+            shares.append((fit[1] / fit[0], fit[2]))
+    q = _weighted_median(shares)
+    if q is None or q <= 0:
+        return med, med
+    level = median(y / (f + q * v) for y, f, v in zip(ys, xf, xv, strict=True))
+    return level, q * level
+
+
+def _line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float] | None:
+    """Ordinary least squares ``y = A + B x``: ``(A, B, |x| var(x))``; None if ``x`` has no spread."""
+    mx, my = fmean(x), fmean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    if sxx <= 1e-12 * max(mx * mx, 1e-300) * len(x):
+        return None
+    b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sxx
+    return my - b * mx, b, sxx
+
+
+def _weighted_median(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """The value at half of the total weight of ``(value, weight)`` pairs; None without weight."""
+    pts = sorted(p for p in pairs if p[1] > 0 and math.isfinite(p[0]))
+    total = sum(w for _, w in pts)
+    if total <= 0:
+        return None
+    acc = 0.0
+    for v, w in pts:
+        acc += w
+        if acc >= total / 2.0:
+            return v
+    return pts[-1][0]
 
 
 def _memory_bound(hw: HardwareProfile, batch: float, context: float) -> bool:

@@ -18,10 +18,13 @@ evaluate it over candidates x turn groups, the fitting and the router for one re
 
       tau(n, L) = max( b0 + b_e f_E(n) + b2 n L,      memory: weights, experts, KV reads
                        a0 + n (b1 + b3 L) )            compute: matmuls, attention
-      f_E(n)    = 1 - (1 - k/E)^n                      routed experts touched by n tokens (0 if dense)
+      f_E(n)    = f + (1 - f) (1 - (1 - k/E)^n)          routed experts read by n tokens (0 if dense)
 
-  ``b0 = W_dense / BW + overhead`` (non-expert weights read once per step), ``b_e = W_experts /
-  BW``, ``b2 = kv_bytes_per_token / BW`` (KV read), ``BW = tp * HBM * efficiency``; ``b1 = 2
+  ``1 - (1 - k/E)^n`` is the share of the ``E`` experts that ``n`` tokens of ``k`` experts each
+  touch; ``f`` (``HardwareSpec.moe_kernel_floor``) the fused-MoE kernel's floor, the share of a
+  full expert read that one token already costs (0: the plain count; SGLang's H200 kernel table:
+  0.165, ``emulated_physics.fit_moe_curve``). ``b0 = W_dense / BW + overhead`` (non-expert weights
+  read once per step), ``b_e = W_experts / BW``, ``b2 = kv_bytes_per_token / BW`` (KV read), ``BW = tp * HBM * efficiency``; ``b1 = 2
   N_active / F``, ``b3 = 4 n_layers n_heads head_dim / F``. Below the ridge (``n`` up to hundreds
   of sequences on the configured models and GPUs) decode is memory-bound. The memory branch is
   the sum of a fixed part ``b0 + b_e f_E(n)`` and a per-sequence part ``b2 n L``; the fitting
@@ -95,6 +98,8 @@ class _HardwareLike(Protocol):
     def decode_bw_efficiency(self) -> float: ...
     @property
     def step_overhead_s(self) -> float: ...
+    @property
+    def moe_kernel_floor(self) -> float: ...
 
 
 def _clip0(v: Num) -> Num:
@@ -134,6 +139,7 @@ class HardwareProfile:
     experts_frac: float  # k / E (0 for dense models)
     kv_capacity_tokens: float  # H_max
     b3: float = 0.0  # decode attention compute per sequence per token of context (roofline's compute branch)
+    expert_floor: float = 0.0  # f: the fused-MoE kernel's floor in f_E(n)
     samples: int = 0  # telemetry records the fit has seen
 
     @staticmethod
@@ -164,6 +170,7 @@ class HardwareProfile:
             g1=kvb / (hw.interconnect_gbs * 1e9),
             experts_frac=(model.experts_per_token / model.n_experts) if model.n_experts else 0.0,
             kv_capacity_tokens=(mem - total_w) / kvb,
+            expert_floor=hw.moe_kernel_floor if model.n_experts else 0.0,
         )
 
     # prefill ---------------------------------------------------------------------------------
@@ -176,10 +183,14 @@ class HardwareProfile:
 
     # decode ----------------------------------------------------------------------------------
     def experts_touched(self, batch: Num) -> Num:
-        """``f_E(n) = 1 - (1 - k/E)^n``, as ``-expm1(n log1p(-k/E))``; 0 for dense models."""
+        """``f_E(n) = f + (1 - f) (1 - (1 - k/E)^n)``, the count as ``-expm1(n log1p(-k/E))``; 0 for
+        dense models."""
         if self.experts_frac <= 0.0:
             return 0.0 * batch
-        return -_expm1(_clip0(batch) * math.log1p(-self.experts_frac))
+        touched = -_expm1(_clip0(batch) * math.log1p(-self.experts_frac))
+        if self.expert_floor <= 0.0:
+            return touched
+        return self.expert_floor + (1.0 - self.expert_floor) * touched
 
     def decode_fixed_s(self, batch: Num) -> Num:
         """The memory branch's fixed part ``b0 + b_e f_E(n)`` (weights and experts read once)."""

@@ -84,7 +84,7 @@ class WorkerCosts:
             kv_bytes=float(model.kv_bytes_per_token),
             bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("weight_read_efficiency", hw.decode_bw_efficiency),
             kv_bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("kv_read_efficiency", hw.decode_bw_efficiency),
-            moe_floor=ph.value("moe_floor", 0.0),
+            moe_floor=ph.value("moe_floor", hw.moe_kernel_floor),
             moe_exponent=ph.value("moe_exponent", 1.0),
             flops_per_token=2.0 * model.active_params_b * 1e9,
             attn_flops_per_pair=4.0 * model.n_layers * model.n_heads * model.head_dim,

@@ -57,6 +57,7 @@ from typing import Any
 
 import yaml
 
+from pearl.config import load_config
 from pearl.engines.emulated import EmulatedEngine
 from pearl.engines.emulated_physics import (
     EmulatorPhysics,
@@ -238,9 +239,13 @@ Theta = dict[str, float]
 def _apply(base: PhysicsFile, theta: Mapping[str, float], model_cfg: str) -> tuple[EmulatorPhysics, WorkloadMeans]:
     eng = {k: v for k, v in theta.items() if PARAMS[k].section == "engine"}
     wl = {k: v for k, v in theta.items() if PARAMS[k].section == "workload"}
-    if "memory_utilization" in eng:
-        eng["memory_utilization"] = min(max(eng["memory_utilization"], _memory_floor(model_cfg)), PARAMS[
-            "memory_utilization"].hi)
+    # the floor holds for the effective value: fitted, the file's, or else the run config's
+    floor = _memory_floor(model_cfg)
+    mem = eng.get("memory_utilization", base.engine.memory_utilization)
+    if mem is None:
+        mem = load_config(model_cfg).hardware.memory_utilization
+    if mem < floor or "memory_utilization" in eng:
+        eng["memory_utilization"] = min(max(mem, floor), PARAMS["memory_utilization"].hi)
     return base.engine.model_copy(update=eng), base.workload.model_copy(update=wl)
 
 
@@ -293,7 +298,7 @@ def evaluate(theta: Theta, targets: Sequence[Target], seeds: int, bases: Mapping
 
 
 def _load(model: str) -> PhysicsFile:
-    cfg = load_preset_config(MODELS[model], "config")
+    cfg = load_config(MODELS[model])
     return load_physics(cfg.model.name, cfg.hardware.name)
 
 

@@ -56,8 +56,6 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="roll-large pool size (default: reserved + the segment's mean preemptible GPUs)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default: the config's)")
     p.add_argument("--notice-s", type=float, default=120.0, help="reclaim notice before a drop (AWS: 120 s)")
-    p.add_argument("--workload", default="config", choices=["config", "paper"],
-                   help="workload preset (pearl/sim/presets.py): the config's own, or calibrated to the paper")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--out", default=None, help="report folder (default runs/simulate/<config>-<segment>)")
@@ -73,8 +71,6 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/experiments", help="output folder (tables, PNGs, results.json)")
     p.add_argument("--trace", default=None, help="trace for Fig. 5 / Fig. 8 / Table 3 (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length for Fig. 5")
-    p.add_argument("--workload", default="paper", choices=["config", "paper"],
-                   help="workload preset (pearl/sim/presets.py); default: calibrated to the paper")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent replays")
     p.add_argument("--systems", default=None, help="fig5 only: comma list of systems (default: all five)")
     p.add_argument("--table2-seeds", type=int, default=None,
@@ -93,7 +89,7 @@ def simulate_main(args: argparse.Namespace) -> int:
     try:
         from pearl.sim.presets import load_preset_config
 
-        cfg = load_preset_config(args.config, args.workload, _parse_set(args.set))
+        cfg = load_preset_config(args.config, "paper", _parse_set(args.set))
         result = run_simulation_cli(cfg, args)
     except (ConfigError, TraceError, UnknownSystemError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -109,7 +105,7 @@ def experiments_main(args: argparse.Namespace) -> int:
 
     try:
         out = run_experiments(args.which, Path(args.out), trace=args.trace, hours=args.hours, quick=args.quick,
-                              docs=args.docs or None, workload=args.workload,
+                              docs=args.docs or None,
                               jobs=args.jobs, systems=args.systems.split(",") if args.systems else None,
                               table2_seeds=args.table2_seeds)
     except (ConfigError, TraceError) as e:

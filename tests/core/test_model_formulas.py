@@ -37,8 +37,14 @@ def _p(hw: HardwareProfile, x: float, c: float) -> float:
     return hw.a0 + hw.a1 * x + hw.a2 * x * (c + x / 2.0)
 
 
+def _f_e(hw: HardwareProfile, n: float) -> float:
+    if hw.experts_frac <= 0:
+        return 0.0
+    return hw.expert_floor + (1.0 - hw.expert_floor) * (1.0 - (1.0 - hw.experts_frac) ** n)
+
+
 def _tau(hw: HardwareProfile, n: float, ctx: float) -> float:
-    f_e = 1.0 - (1.0 - hw.experts_frac) ** n if hw.experts_frac > 0 else 0.0
+    f_e = _f_e(hw, n)
     return max(hw.b0 + hw.b_e * f_e + hw.b2 * n * ctx, hw.a0 + n * (hw.b1 + hw.b3 * ctx))
 
 
@@ -49,16 +55,16 @@ def _x(hw: HardwareProfile, t: float) -> float:
 @pytest.mark.parametrize("which", ["8b", "30b"])
 def test_costs_are_the_docstring_formulas(which: str, prof8b: Prof, prof30b: Prof) -> None:
     """P(x, c) = a0 + a1 x + a2 x (c + x / 2); tau(n, L) = max(b0 + b_e f_E(n) + b2 n L, a0 + n (b1 +
-    b3 L)), f_E(n) = 1 - (1 - k/E)^n; X(t) = g0 + g1 t; token counts clipped at 0."""
+    b3 L)), f_E(n) = f + (1 - f) (1 - (1 - k/E)^n); X(t) = g0 + g1 t; token counts clipped at 0."""
     hw = (prof8b if which == "8b" else prof30b)[0]
+    assert hw.expert_floor == (0.165 if which == "30b" else 0.0)  # H200's kernel floor; dense: none
     for x, c in ((0.0, 0.0), (1.0, 0.0), (2500.0, 12000.0), (30000.0, 1.0)):
         assert hw.prefill_s(x, c) == pytest.approx(_p(hw, x, c), rel=1e-15)
         q = 0.7 * x * (c + x / 2.0)
         assert hw.prefill_s(x, c, q) == pytest.approx(hw.a0 + hw.a1 * x + hw.a2 * q, rel=1e-15)
     assert hw.prefill_s(-5.0, -3.0) == hw.a0
     for n in (1.0, 2.0, 7.5, 64.0, 1e5):
-        f_e = 1.0 - (1.0 - hw.experts_frac) ** n if hw.experts_frac > 0 else 0.0
-        assert hw.experts_touched(n) == pytest.approx(f_e, rel=1e-12, abs=0.0)
+        assert hw.experts_touched(n) == pytest.approx(_f_e(hw, n), rel=1e-12, abs=0.0)
         for ctx in (100.0, 4000.0, 30000.0):
             assert hw.decode_step_s(n, ctx) == pytest.approx(_tau(hw, n, ctx), rel=1e-12)
             memory, compute = hw.decode_branches(n, ctx)

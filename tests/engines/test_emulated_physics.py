@@ -33,7 +33,7 @@ def test_unset_physics_is_the_run_config(name: str) -> None:
     assert a == b
     assert a.bw == a.kv_bw == cfg.hardware.hbm_bandwidth_tbs * 1e12 * cfg.hardware.decode_bw_efficiency
     assert a.overhead_s == a.prefill_overhead_s == cfg.hardware.step_overhead_s
-    assert (a.moe_floor, a.moe_exponent) == (0.0, 1.0)
+    assert (a.moe_floor, a.moe_exponent) == (cfg.hardware.moe_kernel_floor, 1.0)  # the H200 kernel's floor
 
 
 def test_each_constant_reaches_its_term() -> None:

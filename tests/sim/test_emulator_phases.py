@@ -129,11 +129,6 @@ def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
     assert waited < 0.01
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "under the calibrated constants (configs/emulator/qwen3-8b-h200.yaml: KV read at 1.49 x the "
-    "weights' bandwidth share) the predictor's decode step, fitted on a 12-worker colocated batch, is "
-    "-14 % at n = 1 and +30 % at n = 16 x 24K tokens: its fitted fixed and context terms (b0, b2 in "
-    "pearl/core/profile.py) do not extrapolate from the colocated batch's ~5 sequences per worker"))
 def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> None:
     """The decode step fitted on one colocated batch (12 workers: ~5 sequences each) predicts the
     emulator's iteration at the larger batches of a P:D split's decode pool (9-16 sequences).

@@ -51,6 +51,8 @@ def test_presets_load() -> None:
     assert load_config("qwen3-8b-h200", preset_overrides("paper")).workload.system_prompt_tokens == 12000
     with pytest.raises(ValueError, match="unknown workload preset"):
         preset_overrides("nope")
+    with pytest.raises(ValueError, match="unknown workload preset 'config'; known: paper"):
+        preset_overrides("config")  # retired: the emulator's constants were fitted on 'paper' only
 
 
 def test_parsers_register() -> None:
@@ -60,8 +62,10 @@ def test_parsers_register() -> None:
     add_experiments_parser(sub)
     a = ap.parse_args(["simulate", "--trace", "x.json", "--segment", "volatile", "--json"])
     assert a.systems == "pearl,roll,rlboost+,oracle" and a.hours == 2.0 and callable(a.func)
+    with pytest.raises(SystemExit):  # one replay workload: the option is gone
+        ap.parse_args(["simulate", "--workload", "config"])
     b = ap.parse_args(["experiments", "fig7", "--quick"])
-    assert b.which == "fig7" and b.quick and b.workload == "paper" and b.table2_seeds is None
+    assert b.which == "fig7" and b.quick and b.table2_seeds is None
     c = ap.parse_args(["experiments", "fig5-paper", "--table2-seeds", "24"])
     assert c.which == "fig5-paper" and c.table2_seeds == 24
 
@@ -128,7 +132,28 @@ def test_experiments_page_names_the_command_and_its_trace(tmp_path: Path) -> Non
 
     spot = tmp_path / "us-west-2a_v100_1.json"
     text = run_experiments("collect", tmp_path, trace=str(spot), docs=None).read_text()
-    assert f"`python -m pearl experiments all --workload paper --trace {spot}`" in text
+    assert f"`python -m pearl experiments all --trace {spot}`" in text
     text = run_experiments("collect", tmp_path, trace=str(DEFAULT_TRACE), docs=None).read_text()
-    assert "`python -m pearl experiments all --workload paper` (or one of" in text
+    assert "`python -m pearl experiments all` (or one of" in text
     assert "--trace" not in run_experiments("collect", tmp_path, docs=None).read_text()
+
+
+def test_fig5_oracle_bounds_every_system_replayed_on_the_segment() -> None:
+    """Fig. 5 runs each system as its own job; the table's oracle is still the best of its own plan
+    and every other system's replayed schedule on the segment (never roll-large's pool, sized off
+    the trace), and bounding twice gives the same."""
+    from pearl.sim.experiments import bound_oracle
+
+    seg = {"segment": {"mean_gpus": 5.0}, "systems": {
+        "roll": {"trajectories_per_hour": 300.0},
+        "roll-large": {"trajectories_per_hour": 900.0},
+        "pearl": {"trajectories_per_hour": 610.0, "borrows": 3},
+        "oracle": {"trajectories_per_hour": 600.0, "oracle_plan": {"planned_switches": 1}}}}
+    once = bound_oracle(seg)
+    orc = once["systems"]["oracle"]
+    assert orc["trajectories_per_hour"] == 610.0 and orc["borrows"] == 3  # pearl's own schedule
+    assert orc["oracle_plan"]["source"] == "pearl" and orc["oracle_plan"]["plan_trajectories_per_hour"] == 600.0
+    assert seg["systems"]["oracle"]["trajectories_per_hour"] == 600.0  # the saved result is untouched
+    assert bound_oracle(seg) == once
+    seg["systems"]["oracle"]["trajectories_per_hour"] = 700.0
+    assert bound_oracle(seg)["systems"]["oracle"]["oracle_plan"]["source"] == "plan"

@@ -130,7 +130,8 @@ def test_cli_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     tr.write_text("time_s,available\n0,0\n120,4\n480,4\n")
     rc = main(["simulate", "--config", "qwen3-8b-h200", "--trace", str(tr), "--hours", "0.15",
                "--systems", "roll,oracle", "--json", "--set", "workload.batch_size=16",
-               "--set", "workload.max_trajectory_tokens=8192"])
+               "--set", "workload.max_trajectory_tokens=8192",
+               "--set", "workload.system_prompt_tokens=2048", "--set", "workload.turns.mean=8"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"systems", "wall_s"} and set(out["systems"]) == {"roll", "oracle"}
