@@ -48,8 +48,8 @@ import matplotlib.pyplot as plt
 
 from pearl.config import CONFIG_DIR, RunConfig
 from pearl.sim.presets import load_preset_config, preset_overrides
-from pearl.sim.simulate import oracle_bound
 from pearl.sim.replay_report import markdown_table
+from pearl.sim.simulate import oracle_bound
 from pearl.sim.systems import ABLATION, SYSTEMS
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
