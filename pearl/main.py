@@ -295,9 +295,8 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
             watcher.start()  # from the first launch on: a node lost during start-up fails over too
             await service.start()
             assert service.admin is not None and service.controller is not None
-            watcher.on_alive = remote[0].mark_node_alive
-            watcher.on_dead = node_lost_handler(service.controller, remote[0])
-            watcher.on_cloud = cloud_relay(service.admin.admin)
+            await watcher.serve(node_lost_handler(service.controller, remote[0]), remote[0].mark_node_alive,
+                                cloud_relay(service.admin.admin))
             await watcher.poll_once()  # /v1/nodes shows the launched workers from the first request on
             log.info("PEARL serving on %d node(s): admin API %s", env.world_size, service.admin.url)
             rc = await service.run(stop)

@@ -5,8 +5,9 @@ the one ``paper`` workload, the one the emulator's constants in ``configs/emulat
 on (their files are per model and accelerator, not per workload). A run config's own ``workload``
 section (the defaults in ``pearl/config.py``) is what ``pearl run`` and ``pearl serve`` use with
 real engines and environments, and what a test that builds a config with ``load_config`` gets;
-it is not a replay workload: under the calibrated constants its predictor error on held-out traces
-was 8.3-12.3 %, so it was retired from the replay commands.
+it is not a replay workload: next to constants fitted on another workload its replays measure
+neither the paper nor the predictor (its predictor error was 8.3-12.3 % on replays of traces the
+project does not ship), so the replay commands do not offer it.
 
 ``paper``   calibrated to the paper's *single-system* measurements for Qwen3-8B on SWE-bench (Sec.
             2.1 / 3.1), never to the systems' ranking: with an unlimited rollout pool a batch takes

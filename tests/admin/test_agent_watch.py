@@ -99,6 +99,34 @@ def test_a_failing_callback_does_not_stop_the_watcher() -> None:
     run_virtual(main())
 
 
+def test_serve_hands_the_node_events_from_start_up_to_the_service() -> None:
+    """A node lost during start-up reaches the start-up callback; after ``serve`` a loss and a
+    return reach the service's callbacks only, never both phases' in one round."""
+    async def main() -> None:
+        node = Node("node0")
+        seen: list[tuple[str, str]] = []
+        w = AgentWatcher({"node0": node.health}, LoopClock(), on_dead=lambda n, r: seen.append(("early-dead", n)),
+                         on_alive=lambda n: seen.append(("early-alive", n)), period_s=1.0, timeout_s=1.0,
+                         max_misses=1)
+        node.mode = "down"
+        await w.poll_once()
+        node.mode = "ok"
+        await w.poll_once()
+        assert seen == [("early-dead", "node0"), ("early-alive", "node0")]
+
+        async def dead(n: str, r: str) -> None:
+            seen.append(("dead", n))
+
+        await w.serve(dead, lambda n: seen.append(("alive", n)))
+        node.mode = "down"
+        await w.poll_once()
+        node.mode = "ok"
+        await w.poll_once()
+        assert seen[2:] == [("dead", "node0"), ("alive", "node0")]
+
+    run_virtual(main())
+
+
 def test_watcher_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="max_misses=0"):
         AgentWatcher({}, LoopClock(), on_dead=print, max_misses=0)

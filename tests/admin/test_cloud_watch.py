@@ -380,8 +380,7 @@ async def test_a_node_agents_signal_reaches_rank_0_once(http: aiohttp.ClientSess
             if len(relayed) == 1:
                 raise RuntimeError("admin gate busy")
 
-        w = AgentWatcher({"node1": client.health}, clock, on_dead=print)
-        w.on_cloud = on_cloud
+        w = AgentWatcher({"node1": client.health}, clock, on_dead=print, on_cloud=on_cloud)
         for _ in range(3):
             await w.poll_once()
         assert len(relayed) == 2  # failed once, relayed at the next poll, then never again

@@ -26,8 +26,9 @@ the node's in-flight calls fail at once (``RemoteEngine.mark_node_dead``: ``Engi
 turns resume elsewhere), its preemptible GPUs get a reclaim notice due now (urgent shrink: they
 leave the table) and each of its workers is reported failed (removed, the decision re-planned).
 
-Life cycle: ``watcher.start()`` spawns the one polling task; ``await watcher.close()`` cancels
-and awaits it. ``poll_once()`` is one round (tests drive it alone or on the virtual clock).
+Life cycle: ``watcher.start()`` spawns the one polling task; ``await watcher.serve(on_dead,
+on_alive, on_cloud)`` replaces the start-up callbacks once the service runs; ``await
+watcher.close()`` cancels and awaits it. ``poll_once()`` is one round (tests drive it alone or on the virtual clock).
 """
 
 from __future__ import annotations
@@ -79,12 +80,12 @@ class NodeHealth:
 class AgentWatcher:
     def __init__(self, probes: Mapping[str, HealthProbe], clock: Clock, on_dead: NodeCallback,
                  on_alive: NodeCallback | None = None, *, period_s: float = 5.0, timeout_s: float = 5.0,
-                 max_misses: int = 3) -> None:
+                 max_misses: int = 3, on_cloud: NodeCallback | None = None) -> None:
         if period_s <= 0 or timeout_s <= 0 or max_misses < 1:
             raise ValueError(f"period_s={period_s} and timeout_s={timeout_s} must be > 0, max_misses={max_misses} >= 1")
         self._probes = dict(probes)
         self._clock = clock
-        #: replaceable once the controller exists (``pearl/main.py`` installs ``node_lost_handler`` then)
+        #: the start-up callbacks; ``serve`` hands them over to the running service once
         self.on_dead = on_dead
         self.on_alive = on_alive
         self.period_s = period_s
@@ -92,10 +93,18 @@ class AgentWatcher:
         self.max_misses = max_misses
         self.nodes: dict[str, NodeHealth] = {n: NodeHealth(n) for n in self._probes}
         #: ``on_cloud(node, signal dict)`` for each cloud signal an agent reports (None: ignored)
-        self.on_cloud: NodeCallback | None = None
+        self.on_cloud: NodeCallback | None = on_cloud
         self.relayed: set[tuple[str, str, str, int]] = set()
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()  # one poll round at a time (the task's and an explicit one)
+
+    async def serve(self, on_dead: NodeCallback, on_alive: NodeCallback | None = None,
+                    on_cloud: NodeCallback | None = None) -> None:
+        """Hand the node events from start-up to the running service (the controller exists only
+        after the first launches, which a lost node must already fail): between two poll rounds,
+        so no round calls one phase's ``on_dead`` and the other's ``on_alive``."""
+        async with self._round:
+            self.on_dead, self.on_alive, self.on_cloud = on_dead, on_alive, on_cloud
 
     def seed(self, node: str, health: Mapping[str, Any]) -> None:
         """Record an answer obtained outside the watcher (the start-up check of every agent)."""
