@@ -187,7 +187,13 @@ class PolicySpec(_Strict):
     """Decision and gating knobs (paper Sec. 4.3.2 and 4.6)."""
 
     mode_switch_threshold: float = Field(
-        default=0.08, ge=0, lt=1, description="relative predicted saving needed to change PD mode"
+        default=0.03, ge=0, lt=1, description="relative predicted saving needed to change PD mode beyond the "
+        "change's own cost (re-prefill of the re-roled workers' trajectories + role_switch_s, as a share of the "
+        "current makespan; pearl/core/decision.py), a margin against prediction noise like the ratio threshold"
+    )
+    role_switch_s: float = Field(
+        default=1.0, ge=0, description="prior time a worker takes to change role (stop, flush, reconfigure), s; "
+        "charged with the re-prefill on a change of PD mode"
     )
     ratio_switch_threshold: float = Field(
         default=0.03, ge=0, lt=1, description="relative predicted saving needed to change the P:D ratio"

@@ -23,7 +23,7 @@ def test_paper_cluster_and_sourced_model_facts() -> None:
 def test_cross_field_errors_name_both_values() -> None:
     with pytest.raises(ConfigError, match=r"workload: batch_size=33 is not a multiple of group_size=8"):
         load_config("qwen3-8b-h200", {"workload.batch_size": 33})
-    with pytest.raises(ConfigError, match=r"ratio_switch_threshold=0.2 > mode_switch_threshold=0.08"):
+    with pytest.raises(ConfigError, match=r"ratio_switch_threshold=0.2 > mode_switch_threshold=0.03"):
         load_config("qwen3-8b-h200", {"policy.ratio_switch_threshold": 0.2})
     with pytest.raises(ConfigError, match=r"max_trajectory_tokens=65536 exceeds model.max_context=40960"):
         load_config("qwen3-8b-h200", {"workload.max_trajectory_tokens": 65536})

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.config import RunConfig
-from pearl.core.decision import decide
+from pearl.core.decision import decide, mode_change_s
 from pearl.core.events import ReclaimNotice
 from pearl.core.makespan import compose_makespan, sticky_pool
 from pearl.core.profile import HardwareProfile, WorkloadProfile
@@ -411,7 +411,7 @@ def oracle_plan(cfg: RunConfig, tl: GpuTimeline | None, duration_s: float, notic
         if n not in cache:
             cache[n] = dict(best_allocation_search(cfg, n, batches=1, top_k=top_k)["measured"])
         rates[n] = {a: batch / max(m, floor) for a, m in cache[n].items() if m > 0}
-        switch_s[n] = cfg.emulator.role_switch_s + (batch / n) * hw.prefill_s(wl.k_seq / 2.0, 0.0)
+        switch_s[n] = mode_change_s(n, batch, hw, wl, cfg.emulator.role_switch_s)
     return plan_allocations(intervals, rates, switch_s, cfg.policy, borrow, floor)
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pearl.config import PolicySpec, RunConfig
 from pearl.core.colocated import colocated_makespan
-from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, project
+from pearl.core.decision import Allocation, DecisionError, Mode, decide, evaluate, mode_change_s, project
 from pearl.core.disaggregated import disaggregated_makespan
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.stages import stages
@@ -112,13 +112,24 @@ def test_hysteresis_is_mode_dependent(prof8b: Prof) -> None:
     best = min((c for c in cands.values() if c.feasible), key=lambda c: c.makespan_s)
     assert best.allocation.mode is Mode.DISAGGREGATED
     saving = 1 - best.makespan_s / cands["coloc"].makespan_s
-    # a mode threshold just above the saving holds colocation; just below switches
-    hold = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving + 0.001, ratio_switch_threshold=0.0),
+    # the mode change's own cost as a share of the current makespan: T_mode = t_role + (B/N) P(K_seq/2, 0)
+    t_mode = 1.0 + 64 / 8 * hw.prefill_s(wl.k_seq / 2, 0)
+    assert mode_change_s(8, 64, hw, wl, 1.0) == pytest.approx(t_mode, rel=1e-12)
+    charge = t_mode / cands["coloc"].makespan_s
+    assert 0.01 < charge < saving
+    # a mode threshold just above the saving less that charge holds colocation; just below switches
+    hold = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving - charge + 0.001, ratio_switch_threshold=0.0),
                   Allocation.colocated(8))
     assert hold.target.label == "coloc" and not hold.switched and "hold" in hold.reason
-    go = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving - 0.001, ratio_switch_threshold=0.0),
+    assert f"+ switch cost {charge:.1%}" in hold.reason
+    go = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving - charge - 0.001, ratio_switch_threshold=0.0),
                 Allocation.colocated(8))
     assert go.target == best.allocation and go.switched and "switch mode" in go.reason
+    # a slower role switch raises the charge: the same threshold holds again
+    slow = decide(8, 64, hw, wl, PolicySpec(mode_switch_threshold=saving - charge - 0.001, ratio_switch_threshold=0.0,
+                                            role_switch_s=1.0 + 0.002 * cands["coloc"].makespan_s),
+                  Allocation.colocated(8))
+    assert slow.target.label == "coloc" and not slow.switched
     # a ratio change uses the smaller ratio threshold
     other = [c for c in cands.values() if c.feasible and c.allocation.mode is Mode.DISAGGREGATED
              and c.allocation != best.allocation]
