@@ -31,8 +31,9 @@ Hardware (``fit_hardware``), each scale ``k = 1 + alpha_w (s - 1)`` on the prior
   (``_colocated_scales``): within a group of one worker and one decode batch the stall error is a
   shared multiplier, so the slope / intercept of ``y / xf`` against ``xv / xf`` is the ratio
   ``q = s_v / s_f`` free of it (weighted median over the groups), and ``s_f = median(y / (xf + q
-  xv))``; without such a group, one common scale ``s_f = s_v`` = the median ratio over all records. A colocated record's decode time includes the prefill chunks of the
-  other requests that stalled its batch; the colocated model adds that interference itself
+  xv))``; without such a group, one common scale ``s_f = s_v`` = the median ratio over all
+  records. A colocated record's decode time includes the prefill chunks of the other requests
+  that stalled its batch; the colocated model adds that interference itself
   (``D = o tau / (1 - u (m - 1) / m)``), so its ``y`` is the stall-free time::
 
       y = decode_s / o (1 - u_w (n - 1) / n),     u_w = sum_r P(x_r, c_r) / sum_r (decode_s_r / n_r)
