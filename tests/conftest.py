@@ -36,6 +36,8 @@ def missing_setup(reason: str, allow_module_level: bool = False) -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"{reason} (CI: make setup must build it)", pytrace=False)
     pytest.skip(reason, allow_module_level=allow_module_level)
+
+
 needs_spot_aws = pytest.mark.skipif(
     not SPOT_AWS.is_dir(),
     reason=f"the spot-traces JSON ({SPOT_AWS}) is not here: it has no licence to ship in the repository; "

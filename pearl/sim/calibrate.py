@@ -233,6 +233,12 @@ def _memory_floor(model_cfg: str) -> float:
                                   cfg.cluster.tp_size)
 
 
+@functools.lru_cache(maxsize=8)
+def _config_memory(model_cfg: str) -> float:
+    """The run config's memory utilisation (what a physics file without the constant emulates)."""
+    return load_config(model_cfg).hardware.memory_utilization
+
+
 Theta = dict[str, float]
 
 
@@ -243,7 +249,7 @@ def _apply(base: PhysicsFile, theta: Mapping[str, float], model_cfg: str) -> tup
     floor = _memory_floor(model_cfg)
     mem = eng.get("memory_utilization", base.engine.memory_utilization)
     if mem is None:
-        mem = load_config(model_cfg).hardware.memory_utilization
+        mem = _config_memory(model_cfg)
     if mem < floor or "memory_utilization" in eng:
         eng["memory_utilization"] = min(max(mem, floor), PARAMS["memory_utilization"].hi)
     return base.engine.model_copy(update=eng), base.workload.model_copy(update=wl)
