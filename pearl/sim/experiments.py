@@ -243,7 +243,7 @@ def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
     here). The saved partial results stay unbounded, so applying it again gives the same."""
     systems = dict(result["systems"])
     if "oracle" in systems:
-        systems["oracle"] = oracle_bound("oracle", systems, {"roll-large"})
+        systems["oracle"] = oracle_bound("oracle", systems, {n for n, s in SYSTEMS.items() if s.fixed_pool is not None})
     return {**result, "systems": systems}
 
 
