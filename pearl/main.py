@@ -69,6 +69,7 @@ from pearl.core.state import ClusterState, Gpu, Zone
 from pearl.obs.logs import setup_logging
 from pearl.runtime.clock import Clock
 from pearl.runtime.node.agent import AgentClient, NodeAgent, RemoteEngine
+from pearl.tasks import cancel_and_wait
 
 log = logging.getLogger("pearl.main")
 
@@ -222,9 +223,7 @@ async def run_rank(cfg: RunConfig, env: DistEnv, store: object, args: argparse.N
                 await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for f in (waiter, stopper):
-                    f.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await f
+                    await cancel_and_wait(f)
             log.info("rank %d: shutting down (%s)", env.rank,
                      "controller asked" if agent.shutdown_requested.is_set() else "signal")
     finally:

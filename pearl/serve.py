@@ -66,6 +66,7 @@ from pearl.runtime.journal import Journal
 from pearl.runtime.train_loop import ResumeError, StepRecord, lends_training_gpus, resume_point, train_loop
 from pearl.sim.emulated_trainer import EmulatedTrainer
 from pearl.sim.sessions import SyntheticSessionFactory
+from pearl.tasks import cancel_and_wait
 from pearl.train.snapshot import SnapshotRef
 
 log = logging.getLogger("pearl.serve")
@@ -299,9 +300,7 @@ class Service:
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
-                w.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await w
+                await cancel_and_wait(w)
         t = self._train_task
         if t is not None and t.done() and not t.cancelled():
             if t.exception() is not None:

@@ -26,7 +26,6 @@ timeline's time resolution (a role held for less than one period may not be draw
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from pearl.core.trajectory import TrajectoryRecord
 from pearl.obs.progress import LiveProgress
 from pearl.runtime.control import ControlPlane, Progress
 from pearl.sim.metrics import GpuLedger, category_of
+from pearl.tasks import cancel_and_wait
 
 log = logging.getLogger("pearl.obs")
 
@@ -185,11 +185,8 @@ class RunObserver:
 
     async def stop(self, write_report: bool = True) -> Path | None:
         """Cancel the sampler, take a last sample, close sinks and write the report (its path)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         try:
             self.sample()
         except Exception:

@@ -34,6 +34,7 @@ from typing import Any
 
 from pearl.core.events import ElasticEvent, TrainingFinished, TrainingStarted
 from pearl.runtime.clock import Clock
+from pearl.tasks import cancel_and_wait
 
 
 @dataclass
@@ -104,8 +105,5 @@ class EmulatedTrainer:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="emulated-trainer")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

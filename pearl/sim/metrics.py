@@ -28,13 +28,13 @@ integrated with the state held constant between samples.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pearl.config import PricesSpec
 from pearl.runtime.clock import Clock
+from pearl.tasks import cancel_and_wait
 
 
 def category_of(state: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
@@ -117,11 +117,8 @@ class Sampler:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-sampler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.sample()
         self.ledger.close(self.clock.now())
 

@@ -34,7 +34,6 @@ watcher.close()`` cancels and awaits it. ``poll_once()`` is one round (tests dri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -44,6 +43,7 @@ from typing import Any
 from pearl.core.events import ReclaimNotice
 from pearl.core.state import Zone
 from pearl.runtime.clock import Clock
+from pearl.tasks import cancel_and_wait
 
 log = logging.getLogger("pearl.agent_watch")
 
@@ -118,11 +118,8 @@ class AgentWatcher:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="agent-watcher")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         """Polls start every ``period_s`` (a slow round is followed by the next at once)."""
