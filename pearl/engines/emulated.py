@@ -239,13 +239,14 @@ class EmulatedEngine:
         self.emu = emulator or EmulatorSpec()
         self.physics = physics or EmulatorPhysics()
         self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size, self.physics)
+        ph = self.physics.resolved(hardware, self.emu)
         #: prefix reuse per serving role (EmulatorPhysics; both default to EmulatorSpec.prefix_reuse)
         self._reuse = {
-            Role.COLOCATED: self.physics.value("prefix_reuse_colocated", self.emu.prefix_reuse),
-            Role.PREFILL: self.physics.value("prefix_reuse_prefill", self.emu.prefix_reuse),
+            Role.COLOCATED: ph.value("prefix_reuse_colocated", 0.0),
+            Role.PREFILL: ph.value("prefix_reuse_prefill", 0.0),
         }
         #: decode KV reservation beyond the response (``_decode_need``): rho and the trajectory limit K
-        self._kv_reserve = self.physics.value("decode_kv_reserve", 0.0)
+        self._kv_reserve = ph.value("decode_kv_reserve", 0.0)
         self._traj_tokens = trajectory_tokens
         self.vocab = model.vocab_size
         # synthetic tokens: position q of conversation c is table[(crc32(c) + q) mod vocab], a seeded

@@ -67,29 +67,30 @@ class WorkerCosts:
     @staticmethod
     def from_specs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1,
                    physics: EmulatorPhysics | None = None) -> WorkerCosts:
-        ph = physics or EmulatorPhysics()
+        ph = (physics or EmulatorPhysics()).resolved(hw, emu)
         total = model.total_params_b * 1e9 * model.dtype_bytes
         experts = model.expert_params_b * 1e9 * model.dtype_bytes if model.is_moe else 0.0
-        mem = tp * hw.memory_gb * 1e9 * ph.value("memory_utilization", hw.memory_utilization)
+        mem = tp * hw.memory_gb * 1e9 * ph.value("memory_utilization", 0.0)
         if mem <= total:
             raise ValueError(f"{model.name} weights ({total / 1e9:.1f} GB) do not fit in {tp} x {hw.name}")
         f = tp * hw.bf16_tflops * 1e12
+        hbm = tp * hw.hbm_bandwidth_tbs * 1e12
         return WorkerCosts(
-            overhead_s=ph.value("decode_step_s", hw.step_overhead_s),
-            prefill_overhead_s=ph.value("prefill_forward_s", hw.step_overhead_s),
+            overhead_s=ph.value("decode_step_s", 0.0),
+            prefill_overhead_s=ph.value("prefill_forward_s", 0.0),
             dense_bytes=total - experts,
             expert_bytes=experts,
             n_experts=model.n_experts,
             experts_per_token=model.experts_per_token,
             kv_bytes=float(model.kv_bytes_per_token),
-            bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("weight_read_efficiency", hw.decode_bw_efficiency),
-            kv_bw=tp * hw.hbm_bandwidth_tbs * 1e12 * ph.value("kv_read_efficiency", hw.decode_bw_efficiency),
-            moe_floor=ph.value("moe_floor", hw.moe_kernel_floor),
+            bw=hbm * ph.value("weight_read_efficiency", 0.0),
+            kv_bw=hbm * ph.value("kv_read_efficiency", 0.0),
+            moe_floor=ph.value("moe_floor", 0.0),
             moe_exponent=ph.value("moe_exponent", 1.0),
             flops_per_token=2.0 * model.active_params_b * 1e9,
             attn_flops_per_pair=4.0 * model.n_layers * model.n_heads * model.head_dim,
             decode_flops=f * emu.decode_mfu,
-            prefill_flops=f * ph.value("prefill_mfu", hw.prefill_mfu),
+            prefill_flops=f * ph.value("prefill_mfu", 0.0),
             link_bw=hw.interconnect_gbs * 1e9,
             link_latency_s=hw.interconnect_latency_s,
             kv_capacity_tokens=int((mem - total) // model.kv_bytes_per_token),

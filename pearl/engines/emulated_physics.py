@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from pearl.config import EmulatorSpec, HardwareSpec
 
 #: ``configs/emulator/`` of this checkout
 PHYSICS_DIR = Path(__file__).resolve().parents[2] / "configs" / "emulator"
@@ -101,6 +104,18 @@ class EmulatorPhysics(_Strict):
     def value(self, name: str, default: float) -> float:
         v = getattr(self, name)
         return default if v is None else float(v)
+
+    def resolved(self, hw: HardwareSpec, emu: EmulatorSpec) -> EmulatorPhysics:
+        """Every constant set: a field left ``None`` takes the run config's value (the one place
+        those defaults are written)."""
+        defaults = {
+            "prefix_reuse_colocated": emu.prefix_reuse, "prefix_reuse_prefill": emu.prefix_reuse,
+            "weight_read_efficiency": hw.decode_bw_efficiency, "kv_read_efficiency": hw.decode_bw_efficiency,
+            "decode_step_s": hw.step_overhead_s, "prefill_forward_s": hw.step_overhead_s,
+            "prefill_mfu": hw.prefill_mfu, "memory_utilization": hw.memory_utilization, "decode_kv_reserve": 0.0,
+            "moe_floor": hw.moe_kernel_floor, "moe_exponent": 1.0,
+        }
+        return self.model_copy(update={k: self.value(k, v) for k, v in defaults.items()})
 
 
 class WorkloadMeans(_Strict):

@@ -51,6 +51,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,12 +226,13 @@ PARAMS: dict[str, Param] = {
 
 @functools.lru_cache(maxsize=8)
 def _memory_floor(model_cfg: str) -> float:
-    """The least memory utilisation at which 5P3D holds batch 64 at the trajectory limit (Sec. 3.3)."""
+    """The least memory utilisation at which 5P3D holds batch 64 at the trajectory limit (Sec. 3.3),
+    rounded up to the third decimal (the precision a physics file states it in)."""
     cfg = load_preset_config(model_cfg, "paper")
     m = cfg.model
-    return min_memory_utilization(m.total_params_b * 1e9 * m.dtype_bytes, m.kv_bytes_per_token,
-                                  cfg.hardware.memory_gb, 64, cfg.workload.max_trajectory_tokens, 3,
-                                  cfg.cluster.tp_size)
+    floor = min_memory_utilization(m.total_params_b * 1e9 * m.dtype_bytes, m.kv_bytes_per_token, cfg.hardware.memory_gb,
+                                   64, cfg.workload.max_trajectory_tokens, 3, cfg.cluster.tp_size)
+    return math.ceil(1000 * floor - 1e-9) / 1000
 
 
 @functools.lru_cache(maxsize=8)
@@ -263,7 +265,7 @@ class Evaluation:
     values: dict[str, float]
     residuals: dict[str, float]
     batches: int
-    cpu_s: float
+    wall_s: float
     runs: Runs = field(default_factory=dict, repr=False)
 
 
@@ -276,20 +278,26 @@ def _measure(model: str, base: PhysicsFile, theta: Theta, key: Key, seed: int) -
     return m, engines[0].phase_split()["prefill_time_share"]
 
 
+def _measure_job(job: tuple[str, PhysicsFile, Theta, Key, int]) -> tuple[float, float]:
+    return _measure(*job)
+
+
 def evaluate(theta: Theta, targets: Sequence[Target], seeds: int, bases: Mapping[str, PhysicsFile] | None = None,
-             progress: Callable[[str], None] | None = None) -> Evaluation:
-    """Score ``theta`` (constants over the physics files) on ``targets`` with seeds 0..seeds-1."""
+             progress: Callable[[str], None] | None = None, pool: Executor | None = None) -> Evaluation:
+    """Score ``theta`` (constants over the physics files) on ``targets`` with seeds 0..seeds-1;
+    ``pool`` runs the batches in worker processes (same results: every batch is seeded)."""
     if seeds < 1:
         raise CalibrationError(f"seeds={seeds}: need at least 1")
     bases = bases or {m: _load(m) for m in MODELS}
-    t0 = time.process_time()
+    t0 = time.perf_counter()
     keys = sorted({k for t in targets for k in t.allocations()}, key=lambda k: (k.model, k.batch, k.n, k.label))
+    jobs = [(k.model, bases[k.model], theta, k, s) for k in keys for s in range(seeds)]
+    results = pool.map(_measure_job, jobs, chunksize=max(1, len(jobs) // 64)) if pool else map(_measure_job, jobs)
     runs: Runs = {}
-    for i, k in enumerate(keys):
-        for s in range(seeds):
-            runs[(k, s)] = _measure(k.model, bases[k.model], theta, k, s)
-        if progress and (i + 1) % 10 == 0:
-            progress(f"    {i + 1}/{len(keys)} allocations x {seeds} seeds")
+    for i, (job, r) in enumerate(zip(jobs, results, strict=True)):
+        runs[(job[3], job[4])] = r
+        if progress and (i + 1) % (10 * seeds) == 0:
+            progress(f"    {(i + 1) // seeds}/{len(keys)} allocations x {seeds} seeds")
 
     def ms(k: Key) -> list[float]:
         return [runs[(k, s)][0] for s in range(seeds)]
@@ -300,7 +308,7 @@ def evaluate(theta: Theta, targets: Sequence[Target], seeds: int, bases: Mapping
     values = {t.name: t.value(ms, ps) for t in targets}
     residuals = {t.name: t.residual(values[t.name]) for t in targets}
     loss = sum(t.weight * residuals[t.name] ** 2 for t in targets)
-    return Evaluation(dict(theta), loss, values, residuals, len(runs), time.process_time() - t0, runs)
+    return Evaluation(dict(theta), loss, values, residuals, len(runs), time.perf_counter() - t0, runs)
 
 
 def _load(model: str) -> PhysicsFile:
@@ -316,46 +324,90 @@ def _grid(params: Sequence[Param], levels: int) -> list[Theta]:
     return [dict(zip((p.name for p in params), pt, strict=True)) for pt in itertools.product(*axes)]
 
 
+def start_theta(params: Sequence[Param], bases: Mapping[str, PhysicsFile] | None = None) -> Theta:
+    """The constants as the physics files (else the run configs / the preset) set them now, which
+    must agree between the models (a memory utilisation below a model's floor is raised to it)."""
+    bases = bases or {m: _load(m) for m in MODELS}
+    now: dict[str, Theta] = {}
+    for model, cfg_name in MODELS.items():
+        cfg = load_preset_config(cfg_name, "paper")
+        eng = bases[model].engine.resolved(cfg.hardware, cfg.emulator)
+        wl = {"response_tokens": cfg.workload.response_tokens.mean, "observation_tokens": cfg.workload.observation_tokens.mean,
+              "env_step_s": cfg.workload.env_step_s.mean}
+        now[model] = {p.name: float(getattr(eng, p.name) if p.section == "engine" else wl[p.name]) for p in params}
+    first, *rest = MODELS
+    theta = now[first]
+    for model in rest:
+        phys, means = _apply(bases[model], theta, MODELS[model])
+        for p in params:
+            got = getattr(phys if p.section == "engine" else means, p.name)
+            if not math.isclose(float(got), now[model][p.name], rel_tol=1e-9):
+                raise CalibrationError(f"{p.name} is {theta[p.name]:g} for {first} but {now[model][p.name]:g} for "
+                                       f"{model}: one constant cannot start from both; search it with --grid >= 1")
+    return theta
+
+
 def calibrate(params: Sequence[str], targets: Sequence[Target], seeds: int = 8, grid: int = 3,
-              local_rounds: int = 2, final_seeds: int | None = None,
+              local_rounds: int = 2, final_seeds: int | None = None, step: float | None = None, jobs: int = 1,
               progress: Callable[[str], None] = print) -> tuple[Evaluation, Evaluation, list[Evaluation]]:
-    """Coarse grid, then coordinate local search, then the winner on ``final_seeds``.
+    """Coarse grid (``grid`` 0: the files' values as the one start), then coordinate local search
+    (first improvement; each constant stepped by ``step`` x its bound range, default half a grid
+    cell or 1/6 without a grid, halved after a round without improvement), then the winner on
+    ``final_seeds``. ``jobs`` worker processes measure the batches.
 
     Returns (the starting constants scored on ``final_seeds``, the fit scored on ``final_seeds``,
     every evaluation of the search)."""
     unknown = [p for p in params if p not in PARAMS]
     if unknown:
         raise CalibrationError(f"unknown constants {unknown}; known: {', '.join(PARAMS)}")
+    if jobs < 1:
+        raise CalibrationError(f"jobs={jobs}: need at least 1")
     ps = [PARAMS[p] for p in params]
     bases = {m: _load(m) for m in MODELS}
     final_seeds = final_seeds or seeds
+    step = step if step is not None else (1 / grid / 2 if grid else 1 / 6)
+    if not 0 < step <= 1:
+        raise CalibrationError(f"step={step}: a fraction of each constant's bound range in (0, 1]")
     history: list[Evaluation] = []
-    points = _grid(ps, grid) if ps else [{}]
-    t0 = time.process_time()
-    for i, th in enumerate(points):
-        ev = evaluate(th, targets, seeds, bases)
-        history.append(ev)
-        progress(f"grid {i + 1}/{len(points)} {_fmt(th)} loss {ev.loss:.2f} ({time.process_time() - t0:.0f} CPU s)")
-    best = min(history, key=lambda e: e.loss)
-    steps = {p.name: (p.hi - p.lo) / grid / 2 for p in ps}
-    for r in range(local_rounds):
-        improved = False
-        for p in ps:
-            for sign in (-1, 1):
-                v = min(max(best.theta[p.name] + sign * steps[p.name], p.lo), p.hi)
-                if v == best.theta[p.name]:
-                    continue
-                ev = evaluate({**best.theta, p.name: v}, targets, seeds, bases)
-                history.append(ev)
-                progress(f"local {r + 1}/{local_rounds} {_fmt(ev.theta)} loss {ev.loss:.2f} "
-                         f"({time.process_time() - t0:.0f} CPU s)")
-                if ev.loss < best.loss:
-                    best, improved = ev, True
-        if not improved:
-            steps = {k: v / 2 for k, v in steps.items()}
-    progress(f"final: the start and {_fmt(best.theta)} on {final_seeds} seeds")
-    start = evaluate({}, targets, final_seeds, bases)
-    fit = evaluate(best.theta, targets, final_seeds, bases)
+    seen: dict[tuple[tuple[str, float], ...], Evaluation] = {}
+    t0 = time.perf_counter()
+    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
+
+    def score(th: Theta, n_seeds: int) -> Evaluation:
+        key = (*sorted(th.items()), ("seeds", float(n_seeds)))
+        if key not in seen:
+            seen[key] = evaluate(th, targets, n_seeds, bases, pool=pool)
+            history.append(seen[key])
+        return seen[key]
+
+    try:
+        points = (_grid(ps, grid) if grid else [start_theta(ps, bases)]) if ps else [{}]
+        for i, th in enumerate(points):
+            ev = score(th, seeds)
+            progress(f"grid {i + 1}/{len(points)} {_fmt(th)} loss {ev.loss:.2f} ({time.perf_counter() - t0:.0f} s)")
+        best = min(history, key=lambda e: e.loss)
+        steps = {p.name: (p.hi - p.lo) * step for p in ps}
+        for r in range(local_rounds):
+            improved = False
+            for p in ps:
+                for sign in (-1, 1):
+                    v = round(min(max(best.theta[p.name] + sign * steps[p.name], p.lo), p.hi), 6)
+                    if v == best.theta[p.name]:
+                        continue
+                    ev = score({**best.theta, p.name: v}, seeds)
+                    mark = ""
+                    if ev.loss < best.loss:
+                        best, improved, mark = ev, True, "  <- best"
+                    progress(f"local {r + 1}/{local_rounds} {_fmt(ev.theta)} loss {ev.loss:.2f} "
+                             f"({time.perf_counter() - t0:.0f} s){mark}")
+            if not improved:
+                steps = {k: v / 2 for k, v in steps.items()}
+        progress(f"final: the start and {_fmt(best.theta)} on {final_seeds} seeds")
+        start = score(points[0] if ps and not grid else {}, final_seeds)  # the files' values: the same start
+        fit = score(best.theta, final_seeds)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     if fit.loss > start.loss:  # the search's seeds flattered it: keep the start
         progress(f"the fit ({fit.loss:.2f}) is worse than the start ({start.loss:.2f}) on {final_seeds} seeds: kept the start")
         fit = start

@@ -138,3 +138,40 @@ def test_shipped_memory_utilization_holds_the_papers_5p3d_at_batch_64(model: str
     assert eng.memory_utilization == (pytest.approx(floor) if floor > cfg.hardware.memory_utilization else None)
     eng, _ = cal._apply(base, {"memory_utilization": 0.8}, cfg_name)
     assert eng.memory_utilization == pytest.approx(max(0.8, floor))
+
+
+def test_worker_processes_measure_what_this_process_does() -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    targets = cal.select_targets("fig7-8b-4")
+    serial = cal.evaluate({"decode_kv_reserve": 0.5}, targets, seeds=2)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        parallel = cal.evaluate({"decode_kv_reserve": 0.5}, targets, seeds=2, pool=pool)
+    assert parallel.runs == serial.runs and parallel.loss == serial.loss
+
+
+def test_the_search_can_start_from_the_files() -> None:
+    bases = {m: cal._load(m) for m in cal.MODELS}
+    names = ["kv_read_efficiency", "memory_utilization", "decode_step_s", "response_tokens"]
+    theta = cal.start_theta([cal.PARAMS[n] for n in names], bases)
+    assert theta["kv_read_efficiency"] == bases["8b"].engine.kv_read_efficiency
+    assert theta["memory_utilization"] == pytest.approx(0.9)  # 8B: the run config's; 30B's 0.92 is its floor
+    assert theta["decode_step_s"] == pytest.approx(0.004) and theta["response_tokens"] == 1000
+    targets = cal.select_targets("fig7-30b-4")
+    assert cal.evaluate(theta, targets, 1, bases).runs == cal.evaluate({}, targets, 1, bases).runs
+    # a constant the two files set differently cannot be one start
+    other = {**bases, "30b": bases["30b"].model_copy(
+        update={"engine": bases["30b"].engine.model_copy(update={"kv_read_efficiency": 1.0})})}
+    with pytest.raises(cal.CalibrationError, match=r"kv_read_efficiency is 1\.4875 for 8b but 1 for 30b"):
+        cal.start_theta([cal.PARAMS["kv_read_efficiency"]], other)
+
+
+def test_local_search_from_the_files_steps_a_sixth_of_the_bounds() -> None:
+    lines: list[str] = []
+    start, fit, hist = cal.calibrate(["decode_kv_reserve"], cal.select_targets("fig7-8b-4"), seeds=1, grid=0,
+                                     local_rounds=1, progress=lines.append)
+    assert [e.theta for e in hist[:2]] == [{"decode_kv_reserve": 1.0}, {"decode_kv_reserve": round(1 - 1 / 6, 6)}]
+    assert start.runs == hist[0].runs  # the files' values are the start: scored once
+    assert fit.loss <= start.loss and any(line.startswith("final") for line in lines)
+    with pytest.raises(cal.CalibrationError, match="jobs=0"):
+        cal.calibrate([], cal.select_targets("fig7-8b-4"), jobs=0)
