@@ -47,7 +47,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from pearl.config import CONFIG_DIR, RunConfig
-from pearl.sim.presets import load_preset_config, preset_overrides
+from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
 from pearl.sim.simulate import oracle_bound
 from pearl.sim.systems import ABLATION, SYSTEMS
@@ -76,8 +76,9 @@ def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[
     raise ValueError(f"fig5 segments must be 'picker' or 'paper', not {segments!r}")
 
 
-def _cfg(name: str, workload: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    return load_preset_config(CONFIG_DIR / f"{name}.yaml", workload, dict(overrides or {}))
+def _cfg(name: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """A run config under the calibrated ``paper`` workload (the one replay workload)."""
+    return load_preset_config(CONFIG_DIR / f"{name}.yaml", "paper", dict(overrides or {}))
 
 
 def _bar(path: Path, groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str) -> None:
@@ -102,13 +103,13 @@ def _save(out: Path, name: str, data: Any, md: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ jobs
-def _sim_job(job: tuple[str, str, dict[str, Any], str | None, float, float, tuple[str, ...], bool]) -> dict[str, Any]:
-    """One ``run_simulation`` in a worker process: (config, workload, overrides, trace, start_h,
-    hours, systems, ablation ladder?). Without a trace: a fixed pool for ``hours``."""
+def _sim_job(job: tuple[str, dict[str, Any], str | None, float, float, tuple[str, ...], bool]) -> dict[str, Any]:
+    """One ``run_simulation`` in a worker process: (config, overrides, trace, start_h, hours,
+    systems, ablation ladder?). Without a trace: a fixed pool for ``hours``."""
     from pearl.sim.simulate import run_simulation
 
-    cfg_name, workload, ov, trace, start_h, hours, names, ablation = job
-    cfg = _cfg(cfg_name, workload, ov)
+    cfg_name, ov, trace, start_h, hours, names, ablation = job
+    cfg = _cfg(cfg_name, ov)
     specs = [(ABLATION if ablation else SYSTEMS)[n] for n in names]
     if trace is None:
         res = run_simulation(cfg, None, specs, duration_s=hours * 3600)
@@ -119,11 +120,11 @@ def _sim_job(job: tuple[str, str, dict[str, Any], str | None, float, float, tupl
     return res
 
 
-def _table2_job(job: tuple[str, int, int, int]) -> dict[str, Any]:
+def _table2_job(job: tuple[int, int, int]) -> dict[str, Any]:
     from pearl.sim.simulate import best_allocation_search
 
-    workload, n, batches, seed_offset = job
-    return best_allocation_search(_cfg("qwen3-8b-h200", workload), n, batches=batches, seed_offset=seed_offset)
+    n, batches, seed_offset = job
+    return best_allocation_search(_cfg("qwen3-8b-h200"), n, batches=batches, seed_offset=seed_offset)
 
 
 def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int,
@@ -200,7 +201,7 @@ def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> 
 
 
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
-         progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1,
+         progress: Callable[[str], None] = print, jobs: int = 1,
          systems: Sequence[str] | None = None, segments: str = "picker") -> tuple[str, dict[str, Any]]:
     """One job per (model, segment, system), longest (oracle) first; results saved as they arrive.
     ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``)."""
@@ -210,15 +211,15 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     systems = tuple(systems) if systems else (("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS)
     dur_h = 0.34 if quick else hours
-    todo: list[tuple[str, str, SegmentPick, str, tuple[str, str, dict[str, Any], str | None, float, float,
+    todo: list[tuple[str, str, SegmentPick, str, tuple[str, dict[str, Any], str | None, float, float,
                                                        tuple[str, ...], bool]]] = []
     for model, cfg_name in models:
-        cfg = _cfg(cfg_name, workload)
+        cfg = _cfg(cfg_name)
         picks = fig5_segments(tr, cfg, hours, segments)
         for label, p in picks.items():
             for sysname in systems:
                 todo.append((model, label, p, sysname,
-                             (cfg_name, workload, {}, trace, p.start_hour, dur_h, (sysname,), False)))
+                             (cfg_name, {}, trace, p.start_hour, dur_h, (sysname,), False)))
     todo.sort(key=lambda t: t[3] != "oracle")
     part = out / f"{name}.partial.json"  # results of earlier (interrupted) runs are kept and merged
     results: dict[str, Any] = json.loads(part.read_text()) if part.is_file() else {}
@@ -249,13 +250,13 @@ def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ fig 7
 def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
-         workload: str = "paper", jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         jobs: int = 1) -> tuple[str, dict[str, Any]]:
     pools = (4, 8) if quick else (4, 8, 12, 16)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     dur_h = 0.34 if quick else 1.0  # fixed pools reach a steady state within the hour
     results: dict[str, Any] = {}
     rows = []
-    todo = [(model, n, (cfg_name, workload, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0}, None,
+    todo = [(model, n, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0}, None,
                         0.0, dur_h, tuple(ABLATION), True))
             for model, cfg_name in models for n in pools]
     progress(f"fig7: {len(todo)} pools x {len(ABLATION)} variants")
@@ -280,10 +281,10 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
 
 # ------------------------------------------------------------------------------------ fig 8
 def fig8(out: Path, trace: str | None = None, quick: bool = False,
-         progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         progress: Callable[[str], None] = print, jobs: int = 1) -> tuple[str, dict[str, Any]]:
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
-    base_cfg = _cfg("qwen3-8b-h200", workload)
+    base_cfg = _cfg("qwen3-8b-h200")
     p = pick_segments(tr, base_cfg.cluster, 2.0)["volatile"]
     dur_h = 0.34 if quick else 2.0
     points: list[tuple[str, dict[str, Any]]] = []
@@ -300,7 +301,7 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
     results: dict[str, Any] = {}
     rows = []
     progress(f"fig8: {len(points)} points")
-    todo = [("qwen3-8b-h200", workload, ov, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False) for _l, ov in points]
+    todo = [("qwen3-8b-h200", ov, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False) for _l, ov in points]
     for (label, _ov), res in zip(points, _pmap(_sim_job, todo, jobs), strict=True):
         s = res["systems"]
         results[label] = s
@@ -449,21 +450,21 @@ def table2_markdown(results: Mapping[str, Any], training_gpus: int = 16) -> str:
 
 
 def table2(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
-           workload: str = "paper", jobs: int = 1, seeds: int | None = None) -> tuple[str, dict[str, Any]]:
+           jobs: int = 1, seeds: int | None = None) -> tuple[str, dict[str, Any]]:
     budgets = [8, 24] if quick else [8, 10, 12, 24, 26, 28]
     k = seeds or (2 if quick else TABLE2_SEEDS)
     progress(f"table2: {len(budgets)} budgets x {k} seeds, every allocation measured")
     # one batch per allocation and seed: paired comparisons (the same trajectories in every run)
-    job_list = [(workload, n, 1, s) for n in budgets for s in range(k)]
+    job_list = [(n, 1, s) for n in budgets for s in range(k)]
     outs = _pmap(_table2_job, job_list, jobs)
     results: dict[str, Any] = {
-        str(n): combine_table2_seeds([o for (_w, m, _b, _s), o in zip(job_list, outs, strict=True) if m == n])
+        str(n): combine_table2_seeds([o for (m, _b, _s), o in zip(job_list, outs, strict=True) if m == n])
         for n in budgets}
     return _save(out, "table2", results, table2_markdown(results)), results
 
 
 # ------------------------------------------------------------------------------------ table 3
-def _pearl_reruns(fig5_results: Mapping[str, Any], workload: str, jobs: int, trace: str | None,
+def _pearl_reruns(fig5_results: Mapping[str, Any], jobs: int, trace: str | None,
                   progress: Callable[[str], None], saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Replay ``pearl`` alone on the segments of ``fig5_results`` whose pearl run predates the
     resume telemetry (no ``resume_prefill``); returns fig5-shaped results for those keys. Replays
@@ -479,7 +480,7 @@ def _pearl_reruns(fig5_results: Mapping[str, Any], workload: str, jobs: int, tra
             if old is not None and old.get("segment") == seg:
                 out[key] = old
                 continue
-            todo.append((key, (MODELS[model], workload, {}, str(trace or DEFAULT_TRACE), float(seg["start_hour"]),
+            todo.append((key, (MODELS[model], {}, str(trace or DEFAULT_TRACE), float(seg["start_hour"]),
                                float(seg["hours"]), ("pearl",), False)))
     if todo:
         progress(f"table3: {len(todo)} pearl replays (the fig5 runs have no resume telemetry)")
@@ -512,7 +513,7 @@ def _reruns_markdown(rerun: Mapping[str, Any], fig5_results: Mapping[str, Any]) 
 
 
 def table3(out: Path, fig5_results: Mapping[str, Any] | None = None, quick: bool = False,
-           progress: Callable[[str], None] = print, workload: str = "paper", jobs: int = 1,
+           progress: Callable[[str], None] = print, jobs: int = 1,
            trace: str | None = None) -> tuple[str, dict[str, Any]]:
     """Reconfiguration costs and the extra prefill of resumed requests, as observed in the pearl
     runs of fig5. Pearl runs without resume telemetry (fig5 results from before it existed) are
@@ -522,10 +523,10 @@ def table3(out: Path, fig5_results: Mapping[str, Any] | None = None, quick: bool
         if f.is_file():
             fig5_results = json.loads(f.read_text())
         else:
-            _, fig5_results = fig5(out, quick=quick, progress=progress, workload=workload)
+            _, fig5_results = fig5(out, quick=quick, progress=progress)
     saved_f = out / "table3.pearl_runs.json"
     saved = json.loads(saved_f.read_text()) if saved_f.is_file() else None
-    rerun = _pearl_reruns(fig5_results, workload, jobs, trace, progress, saved)
+    rerun = _pearl_reruns(fig5_results, jobs, trace, progress, saved)
     if rerun:  # the whole pearl summaries (throughput, predictor errors) of the replays, for the record
         (out / "table3.pearl_runs.json").write_text(json.dumps(rerun, indent=1, default=str))
     runs = {**fig5_results, **rerun}
@@ -581,27 +582,26 @@ def _mtime(path: Path) -> str:
 
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
-                    workload: str = "paper", jobs: int = 1, systems: Sequence[str] | None = None,
+                    jobs: int = 1, systems: Sequence[str] | None = None,
                     table2_seeds: int | None = None) -> Path:
-    preset_overrides(workload)  # validates the name
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     parts: list[str] = []
     stamps = ""
     f5 = None
     if which in ("fig5", "all"):
-        md, f5 = fig5(out, trace, hours, quick, progress, workload, jobs, systems)
+        md, f5 = fig5(out, trace, hours, quick, progress, jobs, systems)
         parts.append(md)
     if which in ("fig5-paper", "all"):
-        parts.append(fig5(out, trace, hours, quick, progress, workload, jobs, systems, segments="paper")[0])
+        parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper")[0])
     if which in ("fig7", "all"):
-        parts.append(fig7(out, quick, progress, workload, jobs)[0])
+        parts.append(fig7(out, quick, progress, jobs)[0])
     if which in ("fig8", "all"):
-        parts.append(fig8(out, trace, quick, progress, workload, jobs)[0])
+        parts.append(fig8(out, trace, quick, progress, jobs)[0])
     if which in ("table2", "all"):
-        parts.append(table2(out, quick, progress, workload, jobs, table2_seeds)[0])
+        parts.append(table2(out, quick, progress, jobs, table2_seeds)[0])
     if which in ("table3", "all"):
-        parts.append(table3(out, f5, quick, progress, workload, jobs, trace)[0])
+        parts.append(table3(out, f5, quick, progress, jobs, trace)[0])
     if which == "collect":  # rebuild the markdown from the tables already in ``out`` (no replays)
         for fname in ("fig5", "fig5-paper"):
             f5p = out / (f"{fname}.json" if (out / f"{fname}.json").is_file() else f"{fname}.partial.json")
@@ -618,7 +618,7 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     trace_arg = "" if trace is None or Path(trace) == DEFAULT_TRACE else f" --trace {trace}"
     text = (f"# Experiments ({which})\n\nRegenerate with `python -m pearl experiments all"
             f"{trace_arg}{' --quick' if quick else ''}` (or one of fig5 | fig5-paper | fig7 | fig8 | table2 | table3, "
-            f"then `collect`); {how}. Workload preset `{workload}` (pearl/sim/presets.py). How to read these numbers, "
+            f"then `collect`); {how}. Workload preset `paper` (pearl/sim/presets.py). How to read these numbers, "
             "and which of the paper's figures they meet: docs/simulation.md, section Results.\n\n" + "\n".join(parts))
     (out / "EXPERIMENTS.md").write_text(text)
     if docs and which in ("all", "collect"):
