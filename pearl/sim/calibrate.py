@@ -394,11 +394,12 @@ def calibrate(params: Sequence[str], targets: Sequence[Target], seeds: int = 8, 
                     v = round(min(max(best.theta[p.name] + sign * steps[p.name], p.lo), p.hi), 6)
                     if v == best.theta[p.name]:
                         continue
+                    was = best.theta[p.name]
                     ev = score({**best.theta, p.name: v}, seeds)
                     mark = ""
                     if ev.loss < best.loss:
                         best, improved, mark = ev, True, "  <- best"
-                    progress(f"local {r + 1}/{local_rounds} {_fmt(ev.theta)} loss {ev.loss:.2f} "
+                    progress(f"local {r + 1}/{local_rounds} {p.name} {was:.4g} -> {v:.4g}: loss {ev.loss:.2f} "
                              f"({time.perf_counter() - t0:.0f} s){mark}")
             if not improved:
                 steps = {k: v / 2 for k, v in steps.items()}
