@@ -69,7 +69,11 @@ Why: a split chosen on a borrowed pool seconds before the trainer takes the lent
 projected onto the reserved workers, where it can be infeasible and force colocation again: two
 mode switches, each re-roling the serving workers, for seconds of the split. Modelling choices: ``T_hold`` is the
 first known shrink of the budget (a grant's regrowth does not end a switch's payback); a forced
-switch (the current allocation is infeasible on the new budget) is never gated.
+switch (the current allocation is infeasible on the new budget) is never gated. The decision
+engine's hysteresis prices the same re-roling once more, from the predictor's own terms and as a
+share of one batch (``decision.mode_change_s``: role change plus each trajectory's re-prefill);
+this gate is the one that knows the budget's end, so it prices from observed finalisations (``c_f``)
+against the seconds the switch can serve. Both must admit a non-forced switch.
 
 With ``policy.gate_enabled = False`` every gate admits whenever ``r > 1`` (the "ungated toggle" of
 the paper's ablation).
