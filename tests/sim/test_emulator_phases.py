@@ -133,9 +133,10 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
     """The decode step fitted on one colocated batch (12 workers: ~5 sequences each) predicts the
     emulator's iteration at the larger batches of a P:D split's decode pool (9-16 sequences).
     The step is a roofline, ``max(memory reads, compute)``: adding the matmul compute to the memory
-    reads instead makes it 2-5 % slow at n = 9-12, and every split's makespan with it. Under the
-    shipped constants the fit is -0.1 .. +2.1 % off (the most at 16 x 24K tokens); a one-scale fit
-    was -14 .. +30 %."""
+    reads instead makes it 2-5 % slow at n = 9-12, and every split's makespan with it. With the
+    shipped engine constants on the preset's own workload means (1 s tool calls) the fit is
+    -0.1 .. +2.1 % off (the most at 16 x 24K tokens); a one-scale fit was -14 .. +30 %. On the
+    calibrated means it is not: the next test."""
     from pearl.engines.emulated_costs import WorkerCosts
     from pearl.sim.simulate import measure_makespan
 
@@ -149,4 +150,27 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
                                    load_physics(cfg.model.name, cfg.hardware.name).engine)
     for ctx in (4000.0, 12000.0, 24000.0):
         for n in (1, 5, 9, 12, 16):
+            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "in the replay world (the calibrated workload means: 0.3 s tool calls) the colocated decode fit "
+    "is -6.5 % (1 x 4K) .. +18.6 % (21 x 24K) off at 12 workers: the per-worker prefill-stall share "
+    "(fitting._prefill_stall_shares) is one number per window while the stalls vary along the batch, "
+    "and the within-group slope absorbs the variation (turn-local shares flip the error's sign)"))
+def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
+    """As above, on the workload the replays run (``load_preset_config``: the physics file's
+    workload means), up to the 21 sequences a 3-decode-worker pool of batch 64 runs."""
+    from pearl.engines.emulated_costs import WorkerCosts
+    from pearl.engines.emulated_physics import load_physics
+    from pearl.sim.presets import load_preset_config
+    from pearl.sim.simulate import measure_makespan
+
+    cfg = load_preset_config("qwen3-8b-h200", "paper")
+    _, tracker = measure_makespan(cfg, 12, "coloc", 1)
+    hw = tracker.hardware
+    costs = WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size,
+                                   load_physics(cfg.model.name, cfg.hardware.name).engine)
+    for ctx in (4000.0, 12000.0, 24000.0):
+        for n in (1, 5, 9, 16, 21):
             assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
