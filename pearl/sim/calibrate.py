@@ -330,11 +330,10 @@ def start_theta(params: Sequence[Param], bases: Mapping[str, PhysicsFile] | None
     bases = bases or {m: _load(m) for m in MODELS}
     now: dict[str, Theta] = {}
     for model, cfg_name in MODELS.items():
-        cfg = load_preset_config(cfg_name, "paper")
+        cfg = load_preset_config(cfg_name, "paper", means=bases[model].workload)  # the means of ``bases``
         eng = bases[model].engine.resolved(cfg.hardware, cfg.emulator)
-        wl = {"response_tokens": cfg.workload.response_tokens.mean, "observation_tokens": cfg.workload.observation_tokens.mean,
-              "env_step_s": cfg.workload.env_step_s.mean}
-        now[model] = {p.name: float(getattr(eng, p.name) if p.section == "engine" else wl[p.name]) for p in params}
+        now[model] = {p.name: float(getattr(eng, p.name) if p.section == "engine" else getattr(cfg.workload, p.name).mean)
+                      for p in params}
     first, *rest = MODELS
     theta = now[first]
     for model in rest:

@@ -157,11 +157,12 @@ def test_the_search_can_start_from_the_files() -> None:
                                    engine=EmulatorPhysics(kv_read_efficiency=kv_30b, memory_utilization=0.92))}
 
     bases = files(1.2)
-    names = ["kv_read_efficiency", "memory_utilization", "decode_step_s", "response_tokens"]
+    names = ["kv_read_efficiency", "memory_utilization", "decode_step_s", "response_tokens", "env_step_s"]
     theta = cal.start_theta([cal.PARAMS[n] for n in names], bases)
-    # 8B's memory is the run config's 0.9; 30B's 0.92 is its floor, so one value holds both
+    # 8B's memory is the run config's 0.9; 30B's 0.92 is its floor, so one value holds both; the
+    # workload means are these files' (none: the preset's), not the shipped files'
     assert theta == pytest.approx({"kv_read_efficiency": 1.2, "memory_utilization": 0.9, "decode_step_s": 0.004,
-                                   "response_tokens": 1000})
+                                   "response_tokens": 1000, "env_step_s": 1.0})
     targets = cal.select_targets("fig7-30b-4")
     assert cal.evaluate(theta, targets, 1, bases).runs == cal.evaluate({}, targets, 1, bases).runs
     # a constant the two files set differently cannot be one start
