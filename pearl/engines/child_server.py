@@ -12,7 +12,13 @@ Life cycle::
 A subclass gives ``command()`` (its server's command line) and ``env()``. The server is started
 with ``start_new_session=True`` so that it and its children (vLLM's engine core and workers,
 SGLang's scheduler and detokenizer) form one process group: when the server dies (e.g. SIGKILL)
-the watcher kills the rest of the group so no orphan keeps a core busy. stdout/stderr go to a log
+the watcher kills the rest of the group so no orphan keeps a core busy. The group is signalled by
+the id recorded at spawn (``pgid``, the leader's pid): once the leader has exited and been reaped
+its pid names nothing, but the group lives on as long as one member does (vLLM's engine core and
+workers, which ignore SIGTERM, SGLang's scheduler). After the leader exits the watcher waits until
+the group has no live member (``group_members``: zombies waiting for a parent that never reaps
+them do not count), sending SIGKILL after the grace a stop gives, and only then ends the reaper.
+stdout/stderr go to a log
 file under the run directory; errors quote its tail. Each server is spawned with
 ``PR_SET_PDEATHSIG=SIGTERM``, and beside it runs a reaper (``pearl.reaper``, in its own session):
 if the owning process dies without ``stop()`` (a ``kill -9``), the reaper kills the server's group
@@ -44,8 +50,38 @@ from pearl.procutil import die_with_parent, free_port
 
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
+GROUP_EXIT_S = 5.0  # after SIGKILL, how long the watcher waits for the group's members to go
+GROUP_POLL_S = 0.05
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
 REAPER_EXIT_S = 5.0  # a reaper polls every second and exits once its server's group is gone
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from ``/proc``; where there
+    is no ``/proc``, ``[pgid]`` while ``killpg(pgid, 0)`` finds the group, else ``[]``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # ``pid (comm) state ppid pgrp ...``: comm may hold spaces and parentheses, so split after
+        # its last ``)``
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
 
 
 def lower_priority(pid: int, nice: int) -> None:
@@ -77,6 +113,7 @@ class ChildServer(ABC):
     port: int = 0
     log_path: Path = field(default=Path())
     proc: asyncio.subprocess.Process | None = None
+    pgid: int = 0  # the server's process group (its leader's pid, recorded at spawn)
     died: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: int | None = None
     stopping: bool = False
@@ -85,6 +122,7 @@ class ChildServer(ABC):
     inflight: int = 0
     _watcher: asyncio.Task[None] | None = None
     _reaper: asyncio.subprocess.Process | None = None  # ``pearl.reaper`` for this server's group
+    _term_deadline: float = 0.0  # when a stop's SIGTERM grace ends (``time.monotonic``)
     kind = "server"
     health_path = "/health"
     reaper_grace_s = STOP_GRACE_S  # the reaper's SIGTERM -> SIGKILL wait
@@ -129,6 +167,7 @@ class ChildServer(ABC):
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command(), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 env=self.env(), start_new_session=True, preexec_fn=die_with_parent)
+        self.pgid = self.proc.pid  # ``start_new_session``: the leader's pid is its group's id
         # a vLLM server starting up ignores the death signal: a reaper kills its group if we die
         self._reaper = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pearl.reaper", "--owner", str(os.getpid()), "--pgid", str(self.proc.pid),
@@ -169,8 +208,29 @@ class ChildServer(ABC):
         assert self.proc is not None
         self.exit_code = await self.proc.wait()
         self.died.set()
-        self._kill_group(signal.SIGKILL)  # orphaned engine core / workers
+        await self._empty_group()
         await self._end_reaper()
+
+    async def _empty_group(self) -> None:
+        """The leader has exited: what is left of its group (engine core, workers, scheduler) goes
+        too. A stop already sent SIGTERM, so the rest gets the remainder of ``STOP_GRACE_S`` before
+        SIGKILL; a leader that died on its own leaves orphans, which get SIGKILL at once. Returns
+        once no live member is left, or ``GROUP_EXIT_S`` after the SIGKILL."""
+        if not self._signalable():
+            return
+        if self.stopping:
+            await self._wait_group_empty(self._term_deadline - time.monotonic())
+        if group_members(self.pgid):
+            self._kill_group(signal.SIGKILL)
+            await self._wait_group_empty(GROUP_EXIT_S)
+
+    async def _wait_group_empty(self, timeout_s: float) -> bool:
+        end = time.monotonic() + max(timeout_s, 0.0)
+        while group_members(self.pgid):
+            if time.monotonic() >= end:
+                return False
+            await asyncio.sleep(GROUP_POLL_S)
+        return True
 
     async def _end_reaper(self) -> None:
         """The reaper exits on its own once the group is gone (within its 1 s poll); wait for it
@@ -185,21 +245,26 @@ class ChildServer(ABC):
                 reaper.kill()
             await reaper.wait()
 
+    def _signalable(self) -> bool:
+        """A group id we may signal: recorded, > 1 (``killpg`` of 0 or 1 would hit our own group
+        or init) and not our own group."""
+        return self.pgid > 1 and self.pgid != os.getpgrp()
+
     def _kill_group(self, sig: int) -> None:
-        """Signal the server's own process group (it was started with ``start_new_session``); a pid or
-        group <= 1, or our own group, is never signalled (``killpg`` would hit init or ourselves)."""
-        if self.proc is None:
+        """Signal the server's process group by its recorded id (it was started with
+        ``start_new_session``), whether or not its leader still lives."""
+        if not self._signalable():
             return
-        pid = self.proc.pid
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if not isinstance(pid, int) or pid <= 1 or os.getpgid(pid) <= 1 or os.getpgid(pid) == os.getpgrp():
-                return
-            os.killpg(pid, sig)
+            os.killpg(self.pgid, sig)
 
     async def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL after ``STOP_GRACE_S``; idempotent."""
+        """SIGTERM the process group, SIGKILL after ``STOP_GRACE_S``; returns once the group has no
+        live member (or ``GROUP_EXIT_S`` after the SIGKILL) and the reaper has ended; idempotent."""
         if self.proc is None:
             return
+        if not self.stopping:
+            self._term_deadline = time.monotonic() + STOP_GRACE_S
         self.stopping = True
         if not self.died.is_set():
             self._kill_group(signal.SIGTERM)
