@@ -19,7 +19,9 @@ Request life cycle seen through this contract::
 
 Errors follow a small hierarchy: ``EngineError`` (recoverable, the request may be retried
 elsewhere), ``EngineDeadError`` (the server is gone; the runtime must remove it),
-``KVTransferError``, ``EngineStartError`` (launch or readiness failed; names the worker, exit code
+``KVTransferError``, ``RequestRejectedError`` (the server refused the request itself: sending it
+again elsewhere is pointless), ``WeightUpdateError`` (a refused or failed weight update, with the
+server's message), ``EngineStartError`` (launch or readiness failed; names the worker, exit code
 and the tail of its log). A server that breaks its own protocol raises an ``EngineProtocolError``:
 ``ResponseShapeError`` (a reply of a shape the adapter does not know), ``StreamCutError`` (a
 stream that ends without its end marker while the server lives), ``ResponseTooLargeError`` (one
@@ -168,6 +170,20 @@ class ResponseTooLargeError(EngineProtocolError):
 
 class WeightVersionError(EngineProtocolError):
     """The weight version a load or update promised does not show on the server."""
+
+
+class RequestRejectedError(EngineError):
+    """The server refused the request itself (a 4xx ``status_code``: too long for its context or
+    KV pool, invalid): sent anywhere again it fails the same way, so the caller fails the turn.
+    Whatever the refusal carried as output is not the model's and is dropped."""
+
+    def __init__(self, worker_id: str, message: str, status_code: int) -> None:
+        super().__init__(worker_id, message)
+        self.status_code = status_code
+
+
+class WeightUpdateError(EngineError):
+    """The server refused or failed a weight update; the message is the server's own."""
 
 
 class RoleSwitchError(EngineProtocolError):

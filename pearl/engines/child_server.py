@@ -125,6 +125,7 @@ class ChildServer(ABC):
     _term_deadline: float = 0.0  # when a stop's SIGTERM grace ends (``time.monotonic``)
     kind = "server"
     health_path = "/health"
+    health_timeout_s = 5.0  # one readiness poll's client timeout
     reaper_grace_s = STOP_GRACE_S  # the reaper's SIGTERM -> SIGKILL wait
 
     @property
@@ -190,7 +191,7 @@ class ChildServer(ABC):
         lower_priority(self.proc.pid, self.nice)
 
     async def _wait_ready(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=5)
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 if self.died.is_set():

@@ -23,11 +23,18 @@ def generated_tokens(parts: Sequence[GenerateResult]) -> list[int]:
     return [t for p in parts for t in p.output_ids]
 
 
+def ended_on_stop(original: GenerateRequest, parts: Sequence[GenerateResult]) -> bool:
+    """The last part, though aborted, ends in one of the request's stop tokens: an engine may apply
+    an abort before its stop check (SGLang's ``Req.update_finish_state``), so the token that ended
+    the turn can arrive with ``finish_reason`` abort. Continuing it would generate past the stop."""
+    return bool(parts) and bool(parts[-1].output_ids) and parts[-1].output_ids[-1] in original.sampling.stop_token_ids
+
+
 def is_finished(original: GenerateRequest, parts: Sequence[GenerateResult]) -> bool:
-    """True when the last part ended normally or the token budget is used up."""
+    """True when the last part ended normally, ended in a stop token, or the token budget is used up."""
     if not parts:
         return False
-    if parts[-1].finish_reason is not FinishReason.ABORT:
+    if parts[-1].finish_reason is not FinishReason.ABORT or ended_on_stop(original, parts):
         return True
     return len(generated_tokens(parts)) >= original.sampling.max_new_tokens
 
@@ -56,6 +63,8 @@ def final_finish_reason(original: GenerateRequest, parts: Sequence[GenerateResul
     if not parts:
         return FinishReason.ABORT
     last = parts[-1].finish_reason
+    if last is FinishReason.ABORT and ended_on_stop(original, parts):
+        return FinishReason.STOP
     if last is FinishReason.ABORT and len(generated_tokens(parts)) >= original.sampling.max_new_tokens:
         return FinishReason.LENGTH
     return last

@@ -53,7 +53,8 @@ import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -72,12 +73,14 @@ from pearl.engines.base import (
     GenerateRequest,
     GenerateResult,
     KVTransferError,
+    RequestRejectedError,
     RequestTimings,
     ResponseShapeError,
     ResponseTooLargeError,
     RoleSwitchError,
     ServerSpec,
     StreamCutError,
+    WeightUpdateError,
     WeightVersionError,
 )
 from pearl.engines.child_server import ChildServer, race_death
@@ -86,9 +89,43 @@ from pearl.procutil import free_port
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0
+WEIGHT_SEND_GRACE_S = 60.0  # once every server has received an update, the sender's time to return
+SESSION_END_TIMEOUT_S = 60.0  # ``/end_weight_update`` / ``/continue_generation`` after a failed update
+#: ``weight_version`` of a server whose weights were released without a CPU backup and not loaded since
+NO_WEIGHTS = -1
+#: SGLang's ``/health`` handler waits up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) for its one-token
+#: generation (``http_server.py``: ``HEALTH_CHECK_TIMEOUT``); a start-up poll gives it that and more
+HEALTH_POLL_TIMEOUT_S = 25.0
+#: a 503 abort without output is SGLang saying it has no room now (a full waiting queue, a decode
+#: server that could not reclaim KV): resent up to this many times, ``CAPACITY_BACKOFF_S * 2**i`` apart
+CAPACITY_RETRIES = 3
+CAPACITY_BACKOFF_S = 0.5
+SendWeights = Callable[[], Awaitable[Any]]
 MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
 #: transfer backends whose SGLang KV manager implements ``/pd_role_switch`` (``supports_role_switch``)
 ROLE_SWITCH_BACKENDS = frozenset({"mooncake", "mori"})
+
+
+def request_seed(rid: str) -> int:
+    """The sampling seed of an unseeded request: ``crc32(rid)``, distinct per request id (so per
+    trajectory of a group) and the same on every replay of that id."""
+    return zlib.crc32(rid.encode())
+
+
+def model_eos_ids(weights: str | Path) -> frozenset[int]:
+    """The EOS ids SGLang stops on besides ``stop_token_ids``: ``eos_token_id`` (an int or a list)
+    of the model's ``config.json`` united with its ``generation_config.json``'s
+    (``ModelConfig._get_hf_eos_token_id``); empty where neither file says."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        try:
+            value = json.loads((Path(weights) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int):
+                ids.add(v)
+    return frozenset(ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +136,10 @@ class SglangSettings:
     transfer_backend: Literal["mooncake", "nixl", "mori", "fake"] = "nixl"
     mem_fraction_static: float = 0.8
     enable_memory_saver: bool = True
+    #: ``--enable-weights-cpu-backup``: ``release_memory`` keeps the weights in host memory and
+    #: ``resume_memory`` restores them; without it SGLang discards them (only buffers are kept) and
+    #: the server reports ``NO_WEIGHTS`` until a load
+    weights_cpu_backup: bool = True
     enable_pd_role_switch: bool = False
     #: a prefill -> decode switch captures decode CUDA graphs and SGLang wants their footprint (GB)
     #: measured on a matching decode server; None: switches to decode relaunch instead
@@ -119,7 +160,12 @@ class SglangSettings:
 class SglangServer(ChildServer):
     settings: SglangSettings
     bootstrap_port: int = 0
+    #: released without a CPU backup and not loaded since: the parameters hold no version
+    weights_lost: bool = False
+    #: the ids SGLang stops on besides ``stop_token_ids`` (``model_eos_ids``)
+    eos_ids: frozenset[int] = frozenset()
     kind = "SGLang server"
+    health_timeout_s = HEALTH_POLL_TIMEOUT_S
 
     @property
     def mode(self) -> str:
@@ -137,6 +183,8 @@ class SglangServer(ChildServer):
                "--weight-version", str(self.weight_version)]
         if s.enable_memory_saver:
             cmd.append("--enable-memory-saver")
+            if s.weights_cpu_backup:
+                cmd.append("--enable-weights-cpu-backup")
         if s.incremental_streaming:
             cmd.append("--incremental-streaming-output")
         if s.deterministic_inference:
@@ -187,7 +235,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
                                    "backend; use mooncake, nixl or mori")
         await self._start(SglangServer(
             spec=spec, log_dir=self.run_dir / "logs", start_timeout_s=self.settings.start_timeout_s,
-            weight_version=spec.weight_version, settings=self.settings))
+            weight_version=spec.weight_version, settings=self.settings, eos_ids=model_eos_ids(spec.weights)))
 
     async def close(self) -> None:
         for t in list(self._prefills):
@@ -225,10 +273,16 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         await self._call(self._alive(worker_id), "POST", "/continue_generation", {})
 
     async def release_memory(self, worker_id: str) -> None:
-        """Abort in-flight requests, then free weights + KV (the process stays)."""
+        """Abort in-flight requests, then free weights + KV (the process stays). A released server
+        does not hold new requests (SGLang's release does not pause): nothing may be sent to it
+        until ``resume_memory``. Without ``settings.weights_cpu_backup`` the weights are gone
+        (``release_memory_occupation`` keeps only buffers) and ``weight_version`` reports
+        ``NO_WEIGHTS`` until a load."""
         srv = self._alive(worker_id)
         await self._call(srv, "POST", "/pause_generation", {"mode": "abort"})
         await self._call(srv, "POST", "/release_memory_occupation", {})
+        if not (self.settings.enable_memory_saver and self.settings.weights_cpu_backup):
+            srv.weights_lost = True
 
     async def resume_memory(self, worker_id: str) -> None:
         srv = self._alive(worker_id)
@@ -237,8 +291,12 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     # ------------------------------------------------------------------------------ weights
     async def weight_version(self, worker_id: str) -> int:
-        """The live version: ``weight_version`` of ``GET /model_info`` (a string on SGLang's side)."""
+        """The live version: ``weight_version`` of ``GET /model_info`` (a string on SGLang's side),
+        or ``NO_WEIGHTS`` for a server released without a CPU backup and not loaded since (SGLang
+        still reports the version it had)."""
         srv = self._alive(worker_id)
+        if srv.weights_lost:
+            return NO_WEIGHTS
         data = await self._call(srv, "GET", "/model_info")
         version = data.get("weight_version") if isinstance(data, dict) else None
         if not isinstance(version, str | int) or not str(version).lstrip("-").isdigit():
@@ -258,6 +316,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         try:
             await self._call(srv, "POST", "/update_weights_from_disk",
                              {"model_path": str(path), "weight_version": str(version)})
+            srv.weights_lost = False
             await self._check_version(srv, version, "update_weights_from_disk")
             srv.weight_version = version
         finally:
@@ -266,32 +325,122 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     async def init_weights_group(self, worker_id: str, master_address: str, master_port: int, rank_offset: int,
                                  world_size: int, group_name: str = "weight_update_group",
-                                 backend: str = "nccl") -> None:
+                                 backend: str = "gloo") -> None:
         """Join the trainer's broadcast group (the trainer is rank 0; this server's TP ranks start at
-        ``rank_offset``). Call on every server concurrently with the trainer's own group init."""
+        ``rank_offset``). Call on every server concurrently with the trainer's own group init;
+        ``backend`` must be the trainer's (``TrainerClient.init_broadcast``, gloo by default on
+        both sides: members of different backends never meet)."""
+        if backend not in ("gloo", "nccl"):
+            raise EngineError(worker_id, f"unknown weight-group backend {backend!r}; use the trainer's: "
+                              "'gloo' (CPU) or 'nccl' (GPUs)")
         await self._call(self._alive(worker_id), "POST", "/init_weights_update_group", {
             "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend})
 
-    async def update_weights_from_distributed(self, worker_id: str, names: Sequence[str], dtypes: Sequence[str],
-                                              shapes: Sequence[Sequence[int]], version: int,
-                                              group_name: str = "weight_update_group",
-                                              bucketed: bool = False) -> None:
-        """Receive one update of ``names`` while the trainer broadcasts (``pearl.train.broadcast``):
+    async def update_weights_from_distributed(self, worker_ids: str | Sequence[str], names: Sequence[str],
+                                              dtypes: Sequence[str], shapes: Sequence[Sequence[int]], version: int,
+                                              group_name: str = "weight_update_group", bucketed: bool = False,
+                                              send: SendWeights | None = None) -> Any:
+        """Receive one update of ``names`` on every server of ``worker_ids`` while ``send()`` (the
+        trainer's broadcast, ``pearl.train.broadcast``) runs; returns what ``send`` returned.
         ``bucketed`` False is SGLang's default format (one broadcast per name, in order, each of its
         own dtype and shape: ``send_weights`` of a per-tensor layout); True is its
-        ``flattened_bucket`` format (one uint8 broadcast of the tensors' bytes back to back:
-        ``send_weights(..., as_bytes=True)`` of one bucket). In-flight requests are aborted first
-        (``abort_all_requests``): otherwise the update waits on SGLang's writer lock behind them."""
-        srv = self._alive(worker_id)
+        ``flattened_bucket`` format (one uint8 broadcast of the tensors' bytes back to back).
+
+        SGLang's scheduler receives only inside a weight-update session
+        (``scheduler_components/weight_updater.py``: ``update_weights_from_distributed`` refuses
+        with "must run between begin_weight_update() and end_weight_update()"), and its session
+        calls wait on the writer lock behind every in-flight generation unless the server is
+        paused. So, per server: ``/pause_generation {mode: abort}``, ``/begin_weight_update``,
+        ``/update_weights_from_distributed`` concurrently with ``send()``, then
+        ``/end_weight_update`` on every server whose session opened (also on failure) and
+        ``/continue_generation``. ``send`` starts only once every session is open, so a refused
+        begin sends nothing; an update answered with a failure while ``send`` still runs cancels
+        ``send`` (its cancellation must abort the broadcast) instead of leaving the trainer to wait
+        for the group timeout. A refusal or failure is a ``WeightUpdateError`` carrying SGLang's
+        message."""
+        srvs = [self._alive(w) for w in ([worker_ids] if isinstance(worker_ids, str) else worker_ids)]
         body: dict[str, Any] = {
             "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
             "group_name": group_name, "weight_version": str(version), "flush_cache": True,
             "abort_all_requests": True}
         if bucketed:
             body["load_format"] = "flattened_bucket"
-        await self._call(srv, "POST", "/update_weights_from_distributed", body)
-        srv.weight_version = version
+        opened: list[SglangServer] = []
+        try:
+            await asyncio.gather(*(self._call(s, "POST", "/pause_generation", {"mode": "abort"}) for s in srvs))
+            begun = await asyncio.gather(*(self._session_call(s, "/begin_weight_update") for s in srvs),
+                                         return_exceptions=True)
+            opened = [s for s, r in zip(srvs, begun, strict=True) if not isinstance(r, BaseException)]
+            for r in begun:
+                if isinstance(r, BaseException):
+                    raise r
+            sent = await self._receive(srvs, body, send)
+            for s in srvs:
+                s.weight_version, s.weights_lost = version, False
+        except BaseException:
+            await self._end_sessions(opened, srvs, failed=True)
+            raise
+        await self._end_sessions(opened, srvs, failed=False)
+        return sent
+
+    async def _receive(self, srvs: Sequence[SglangServer], body: dict[str, Any], send: SendWeights | None) -> Any:
+        """``/update_weights_from_distributed`` on every server while ``send()`` runs. The first
+        failure of either side cancels the rest; once every server has received, ``send`` has
+        ``WEIGHT_SEND_GRACE_S`` to return."""
+        updates = [asyncio.ensure_future(self._session_call(s, "/update_weights_from_distributed", body))
+                   for s in srvs]
+        sender = asyncio.ensure_future(send()) if send is not None else None
+        waiting: set[asyncio.Future[Any]] = set(updates) | ({sender} if sender is not None else set())
+        try:
+            while any(not u.done() for u in updates):
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for d in done:
+                    d.result()  # a refused update or a failed send raises here
+            return await asyncio.wait_for(sender, WEIGHT_SEND_GRACE_S) if sender is not None else None
+        except TimeoutError:
+            raise WeightUpdateError(srvs[0].spec.worker_id, f"every server received the update but the sender "
+                                    f"did not return within {WEIGHT_SEND_GRACE_S:.0f} s") from None
+        finally:
+            rest = [f for f in (*updates, sender) if f is not None and not f.done()]
+            for f in rest:
+                f.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+    async def _session_call(self, srv: SglangServer, path: str, body: Mapping[str, Any] | None = None) -> str:
+        """One call of SGLang's weight-update session (``/begin_weight_update``,
+        ``/update_weights_from_distributed``, ``/end_weight_update``): it answers 400 with
+        ``{success: false, message}``, which becomes a ``WeightUpdateError`` with that message."""
+        text = await self._fetch_any(srv, "POST", path, dict(body or {}))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict) or "success" not in data:
+            raise WeightUpdateError(srv.spec.worker_id, f"POST {path} answered {text[:300]!r}")
+        if not data["success"]:
+            raise WeightUpdateError(srv.spec.worker_id, f"POST {path} refused: {data.get('message')}")
+        return str(data.get("message") or "")
+
+    async def _end_sessions(self, opened: Sequence[SglangServer], paused: Sequence[SglangServer],
+                            failed: bool) -> None:
+        """``/end_weight_update`` on each server whose session opened, then ``/continue_generation``
+        on every live paused one. After a failure each call is bounded by ``SESSION_END_TIMEOUT_S`` (a
+        server still receiving answers only when its receive ends) and its own failure is logged;
+        after a success a failed end is a ``WeightUpdateError``."""
+        async def end(s: SglangServer) -> None:
+            if s.alive:
+                await self._session_call(s, "/end_weight_update")
+        ends = await asyncio.gather(*(asyncio.wait_for(end(s), SESSION_END_TIMEOUT_S) for s in opened),
+                                    return_exceptions=True)
+        resumed = await asyncio.gather(*(asyncio.wait_for(self._call(s, "POST", "/continue_generation", {}),
+                                                          SESSION_END_TIMEOUT_S) for s in paused if s.alive),
+                                       return_exceptions=True)
+        errors = [e for e in (*ends, *resumed) if isinstance(e, BaseException)]
+        if errors and not failed:
+            raise WeightUpdateError(paused[0].spec.worker_id, f"closing the weight-update session failed: {errors[0]!r}")
+        for e in errors:
+            log.warning("closing a failed weight-update session: %r", e)
 
     # ------------------------------------------------------------------------------ roles
     async def set_role(self, worker_id: str, role: Role) -> None:
@@ -348,14 +497,18 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         return text
 
     # ------------------------------------------------------------------------------ generation
-    @staticmethod
-    def _body(req: GenerateRequest, stream: bool, pd: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def _body(self, req: GenerateRequest, stream: bool, pd: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``/generate`` body. Under ``--enable-deterministic-inference`` SGLang samples an
+        unseeded request with seed 42 (``sampling_batch_info.py``), so every member of a GRPO group
+        would draw the same tokens: an unseeded request gets ``request_seed(rid)`` instead."""
         s = req.sampling
         sp: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
         if s.stop_token_ids:
             sp["stop_token_ids"] = list(s.stop_token_ids)
         if s.seed is not None:
             sp["sampling_seed"] = s.seed
+        elif self.settings.deterministic_inference:
+            sp["sampling_seed"] = request_seed(req.rid)
         body: dict[str, Any] = {"input_ids": list(req.input_ids), "sampling_params": sp,
                                 "return_logprob": req.return_logprobs, "rid": req.rid, "stream": stream}
         if pd:
@@ -366,16 +519,25 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
     def _absorb(srv: SglangServer, msg: Any, st: _Stream) -> None:
         """Fold one event (or the whole non-streaming reply) into ``st``. With ``c`` =
         ``meta_info.completion_tokens`` and ``k`` tokens so far, an event's ``n`` ids are new tokens
-        if ``k + n == c`` (incremental), the whole output if ``n == c`` (cumulative, the final reply);
-        an abort's last event carries only the last id and every logprob entry ``[logprob, id,
-        text]`` (``_handle_abort_req`` in SGLang's tokenizer manager), whose ids complete the output.
-        Anything else is a ``ResponseShapeError``; an ``error`` event is an ``EngineError``."""
+        if ``k + n == c`` (incremental), the whole output if ``n == c`` (cumulative, the final reply).
+        An abort's last event (``_handle_abort_req`` in SGLang's tokenizer manager) repeats the last
+        id and carries every logprob entry ``[logprob, id, text]``; when chunks were still queued
+        for the client it is coalesced with them (``_coalesce_streaming_chunks``: ids and logprob
+        lists concatenated, ``c`` of the abort), so its ids are the queued new tokens followed by
+        the repeated one (``k + n - 1 == c``) and its logprob list ends with the ``c`` entries of
+        the whole output, which are taken as the output and its logprobs. Anything else is a
+        ``ResponseShapeError``; an ``error`` event is a ``RequestRejectedError`` when SGLang marks
+        it as the request's fault (``code`` 4xx), else an ``EngineError``."""
         wid = srv.spec.worker_id
         if not isinstance(msg, dict):
             raise ResponseShapeError(wid, f"generate event is not a JSON object: {str(msg)[:200]!r}")
         if "error" in msg:
             err = msg["error"]
-            raise EngineError(wid, f"generate error: {err.get('message', err) if isinstance(err, dict) else err}")
+            text = err.get("message", err) if isinstance(err, dict) else err
+            code = err.get("code") if isinstance(err, dict) else None
+            if isinstance(code, int) and 400 <= code < 500:
+                raise RequestRejectedError(wid, f"generate refused ({code}): {text}", code)
+            raise EngineError(wid, f"generate error: {text}")
         ids, meta = msg.get("output_ids"), msg.get("meta_info")
         if not isinstance(ids, list) or not isinstance(meta, dict):
             raise ResponseShapeError(wid, f"generate event lacks output_ids / meta_info: {str(msg)[:200]!r}")
@@ -386,28 +548,35 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         lps = lps if isinstance(lps, list) and all(isinstance(e, list) and len(e) >= 2 for e in lps) else None
         fr = meta.get("finish_reason")
         aborted = isinstance(fr, dict) and fr.get("type") == "abort"
-        if k + len(ids) == c:
+        whole: list[Any] | None = None  # logprob entries of the whole output (an abort's last event)
+        if aborted and c >= k and lps is not None and len(lps) >= c and (len(lps) > len(ids) or k + len(ids) != c):
+            whole = lps[len(lps) - c:]
+            st.tokens = [int(e[1]) for e in whole]
+        elif k + len(ids) == c:
             st.tokens.extend(int(t) for t in ids)  # incremental (or an empty final event)
         elif len(ids) == c and c >= k:
             st.tokens = [int(t) for t in ids]
+        elif aborted and ids and k + len(ids) - 1 == c:
+            st.tokens.extend(int(t) for t in ids[:-1])  # queued new tokens + the repeated last one
         elif aborted and c >= k:
-            # an abort's last event: every logprob (``[logprob, id, text]``) but only the last id;
-            # tokens the server had and never streamed come from the logprob entries, else the
-            # output stays the prefix that arrived
-            if lps is not None and len(lps) == c:
-                st.tokens = [int(e[1]) for e in lps]
+            pass  # an abort's last event without logprobs: the output stays the prefix that arrived
         else:
             raise ResponseShapeError(wid, f"generate event with {len(ids)} output_ids and completion_tokens {c} "
                                      f"after {k} tokens: neither incremental nor cumulative")
         if len(st.tokens) > k:
             st.arrived(srv.inflight)
             st.grew.set()
-        if lps:
+        if whole is not None:
+            st.logprobs = [float(e[0]) if e[0] is not None else MISSING_LOGPROB for e in whole]
+        elif lps:
             vals = [float(e[0]) if e[0] is not None else MISSING_LOGPROB for e in lps]
-            if len(vals) == len(st.tokens) or len(st.logprobs) + len(vals) > len(st.tokens):
-                st.logprobs = vals[:len(st.tokens)]
-            else:
+            if len(vals) == len(st.tokens):
+                st.logprobs = vals
+            elif len(st.logprobs) + len(vals) == len(st.tokens):
                 st.logprobs.extend(vals)
+            else:
+                raise ResponseShapeError(wid, f"generate event with {len(vals)} logprobs after {len(st.logprobs)} "
+                                         f"for {len(st.tokens)} tokens: they cannot be aligned")
         st.prompt_tokens = int(meta.get("prompt_tokens") or st.prompt_tokens)
         st.cached_tokens = int(meta.get("cached_tokens") or st.cached_tokens)
         if meta.get("weight_version") is not None:
@@ -455,14 +624,37 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
 
     def _result(self, req: GenerateRequest, st: _Stream, srv: SglangServer, timings: RequestTimings,
                 version: int, prefill_id: str = "") -> GenerateResult:
+        """The result of ``st``. An abort whose last token is a stop token of the request or an EOS
+        id of the model is a ``STOP``: SGLang applies an abort before its stop check
+        (``Req.update_finish_state``), so the token that ended the turn can arrive as an abort."""
         finish = FINISH.get(st.finish or "", FinishReason.ABORT)
         if st.version is not None and st.version.lstrip("-").isdigit() and finish is not FinishReason.ABORT:
             version = int(st.version)
+        if finish is FinishReason.ABORT and st.tokens and (st.tokens[-1] in req.sampling.stop_token_ids
+                                                          or st.tokens[-1] in srv.eos_ids):
+            finish = FinishReason.STOP
         return GenerateResult(
             rid=req.rid, output_ids=tuple(st.tokens), logprobs=st.output_logprobs(),
             finish_reason=finish, weight_version=version, prompt_tokens=st.prompt_tokens or len(req.input_ids),
             cached_tokens=st.cached_tokens, timings=timings, worker_id=prefill_id or srv.spec.worker_id,
             decode_worker_id=srv.spec.worker_id)
+
+    @staticmethod
+    def _refused(srv: SglangServer, req: GenerateRequest, st: _Stream) -> None:
+        """An abort with a 4xx ``status_code`` is SGLang refusing the request itself
+        (``Req.set_finish_with_abort``; a decode server's KV budget in ``disaggregation/decode.py``):
+        a ``RequestRejectedError``. Its output is not the model's answer (a refused request is run
+        on the input ``[0]`` and still samples a token) and is dropped."""
+        code = st.abort_status
+        if st.finish == "abort" and code is not None and 400 <= code < 500:
+            raise RequestRejectedError(srv.spec.worker_id, f"request {req.rid} refused ({code}): {st.abort_message}; "
+                                       f"its {len(st.tokens)} output token(s) are dropped", code)
+
+    @staticmethod
+    def _no_room(st: _Stream) -> bool:
+        """A 503 abort with no output: SGLang has no room for the request now (a full waiting
+        queue, ``_abort_on_queued_limit``; a decode server that could not reclaim KV)."""
+        return st.finish == "abort" and st.abort_status == 503 and not st.tokens
 
     @staticmethod
     def _timings(st: _Stream, t_start: float, prefill_s: float | None = None) -> RequestTimings:
@@ -475,16 +667,29 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
                               decode_s=decode, decode_concurrency=conc)
 
     async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        """One request; a refusal is a ``RequestRejectedError`` and a server with no room is asked
+        again ``CAPACITY_RETRIES`` times, ``CAPACITY_BACKOFF_S * 2**i`` apart, then an ``EngineError``."""
         srv = self._alive(worker_id)
         if req.sampling.max_new_tokens < 1:
             raise EngineError(worker_id, f"request {req.rid}: max_new_tokens must be >= 1")
-        st, version, t0 = _Stream(), srv.weight_version, time.perf_counter()
-        try:
-            await self._run(srv, self._body(req, stream=True), st)
-        except (EngineDeadError, EngineProtocolError) as exc:
-            exc.partial = self._result(req, replace(st, finish="abort"), srv, RequestTimings(), version)
-            raise
-        return self._result(req, st, srv, self._timings(st, t0), version)
+        body = self._body(req, stream=True)
+        for attempt in range(CAPACITY_RETRIES + 1):
+            st, version, t0 = _Stream(), srv.weight_version, time.perf_counter()
+            try:
+                await self._run(srv, body, st)
+            except (EngineDeadError, EngineProtocolError) as exc:
+                exc.partial = self._result(req, replace(st, finish="abort"), srv, RequestTimings(), version)
+                raise
+            self._refused(srv, req, st)
+            if not self._no_room(st):
+                return self._result(req, st, srv, self._timings(st, t0), version)
+            if attempt < CAPACITY_RETRIES:
+                delay = CAPACITY_BACKOFF_S * 2 ** attempt
+                log.warning("request %s: %s has no room (%s); asking again in %.1f s", req.rid, worker_id,
+                            st.abort_message, delay)
+                await asyncio.sleep(delay)
+        raise EngineError(worker_id, f"request {req.rid}: no room on the server after {CAPACITY_RETRIES + 1} "
+                          f"attempts (503: {st.abort_message})")
 
     async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
         p = self._alive(prefill_id)
@@ -533,6 +738,9 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
                                   f"{prefill_id or pd['bootstrap_host']} reachable on its bootstrap port?",
                                   partial=self._result(req, replace(st, finish="abort"), d, RequestTimings(),
                                                        version, prefill_id)) from exc
+        self._refused(d, req, st)
+        if self._no_room(st):
+            raise EngineError(decode_id, f"request {req.rid}: decode server has no room (503: {st.abort_message})")
         if st.finish == "abort" and st.abort_status is not None and st.abort_status >= 500:
             # SGLang's decode server reports a failed KV transfer / bootstrap as an abort event
             # with status_code 500 (``disaggregation/decode.py``: ``prepare_abort``), then [DONE]

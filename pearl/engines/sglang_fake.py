@@ -76,6 +76,7 @@ class _Req:
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     aborted: str | None = None
+    retracted: bool = False  # paused with mode retract: back in the waiting queue
     abort_ev: asyncio.Event = field(default_factory=asyncio.Event)
 
     def abort(self, message: str) -> None:
@@ -101,6 +102,16 @@ class FakeSglang:
     #: refuses every role switch as SGLang does after a failed one (``_pd_role_switch_unhealthy``)
     role_switch_unhealthy: bool = False
     weight_version: str = "default"
+    #: ``--enable-weights-cpu-backup``: a release keeps the weights; without it they are lost
+    weights_cpu_backup: bool = False
+    #: ``--context-length`` (0: none): a longer prompt is refused by the tokenizer (an error event)
+    context_length: int = 0
+    #: ``--max-total-tokens`` (0: none): a prompt this long is refused by the scheduler (an abort
+    #: with status 400 that still carries one sampled token)
+    max_total_tokens: int = 0
+    #: ``--max-queued-requests`` (0: none): a request that finds this many others is refused with 503
+    max_queued_requests: int = 0
+    session: bool = False  # a weight-update session is open (``/begin_weight_update``)
     seed: int = 0
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set = generation may run
     resumed: asyncio.Event = field(default_factory=asyncio.Event)  # set on continue / resume memory
@@ -125,6 +136,8 @@ class FakeSglang:
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_post("/init_weights_update_group", self.init_weights_update_group)
         r.add_post("/update_weights_from_distributed", self.update_weights_from_distributed)
+        r.add_post("/begin_weight_update", self.begin_weight_update)
+        r.add_post("/end_weight_update", self.end_weight_update)
         r.add_post("/release_memory_occupation", self.release_memory)
         r.add_post("/resume_memory_occupation", self.resume_memory)
         r.add_post("/flush_cache", self.flush_cache)
@@ -180,7 +193,14 @@ class FakeSglang:
         ids = body.get("input_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             return web.json_response({"error": {"message": "input_ids must be a non-empty list of ints"}}, status=400)
-        while self.released or not self.paused.is_set():  # SGLang's tokenizer waits on its pause condition
+        if self.context_length and len(ids) >= self.context_length:
+            error = {"message": f"The input ({len(ids)} tokens) is longer than the model's context length "
+                     f"({self.context_length} tokens).", "type": "invalid_request_error", "code": 400,
+                     "retryable": False}
+            if body.get("stream"):
+                return await self._send_events(request, [{"error": error}])
+            return web.json_response({"error": error}, status=400)
+        while not self.paused.is_set():  # SGLang's tokenizer waits on its pause condition
             self.resumed.clear()
             await self.resumed.wait()
         sp = body.get("sampling_params") or {}
@@ -188,6 +208,11 @@ class FakeSglang:
         stops = set(sp.get("stop_token_ids") or [])
         rid = str(body.get("rid") or f"fake-{id(body)}")
         req = _Req(rid, list(ids))
+        refusal = self._refusal(req)
+        if refusal is not None:
+            if body.get("stream"):
+                return await self._send_events(request, [self._payload(req, refusal, body)])
+            return web.json_response(self._payload(req, refusal, body))
         self.reqs[rid] = req
         try:
             room = body.get("bootstrap_room")
@@ -210,6 +235,23 @@ class FakeSglang:
             return web.json_response(self._payload(req, finish, body))
         finally:
             self.reqs.pop(rid, None)
+
+    def _refusal(self, req: _Req) -> dict[str, Any] | None:
+        """The scheduler's refusals: a prompt past ``max_total_tokens`` (``validate_input_length`` ->
+        ``set_finish_with_abort``: status 400, and the refused request, run on the input ``[0]``,
+        still samples one token, without logprobs) or a full queue (``_abort_on_queued_limit``:
+        503, no output). A released server has no weights to run on: the fake refuses with 500."""
+        if self.released:
+            return {"type": "abort", "message": "fake: generate on a released server (SGLang would run it on "
+                    "freed memory)", "status_code": 500, "err_type": "InternalServerError"}
+        if self.max_total_tokens and len(req.input_ids) >= self.max_total_tokens:
+            req.out.append(next_token(self.seed, [0])[0])
+            return {"type": "abort", "message": f"Input length ({len(req.input_ids)} tokens) exceeds the maximum "
+                    f"allowed length ({self.max_total_tokens} tokens). Use a shorter input or enable "
+                    "--allow-auto-truncate.", "status_code": 400, "err_type": "BadRequestError"}
+        if self.max_queued_requests and len(self.reqs) >= self.max_queued_requests:
+            return {"type": "abort", "message": "The request queue is full.", "status_code": 503, "err_type": None}
+        return None
 
     async def _pull_kv(self, body: dict[str, Any], ids: list[int]) -> str | None:
         host, port, room = body.get("bootstrap_host"), body.get("bootstrap_port"), body.get("bootstrap_room")
@@ -243,28 +285,37 @@ class FakeSglang:
             for w in pending:
                 w.cancel()
 
+    def _sample(self, req: _Req) -> None:
+        tok, lp = next_token(self.seed, req.input_ids + req.out)
+        req.out.append(tok)
+        req.lps.append(lp)
+
     async def _step(self, req: _Req) -> None:
         await self._gate(req)
         if self.token_delay_s > 0 and req.aborted is None:
             await asyncio.sleep(self.token_delay_s)
         await self._gate(req)
-        if req.aborted is not None:
-            return
-        tok, lp = next_token(self.seed, req.input_ids + req.out)
-        req.out.append(tok)
-        req.lps.append(lp)
+        if req.aborted is None:
+            self._sample(req)
+
+    def _running(self, req: _Req) -> bool:
+        """In the running batch (not waiting, not retracted): an abort lets it run one more step."""
+        return bool(req.out) and not req.retracted
 
     async def _decode(self, req: _Req, max_new: int, stops: set[int]) -> dict[str, Any]:
         while True:
+            if req.aborted is None:
+                await self._step(req)
             if req.aborted is not None:
-                return {"type": "abort", "message": req.aborted}
-            if len(req.out) >= max_new:
-                return {"type": "length", "length": max_new}
-            await self._step(req)
-            if req.aborted is not None:
-                return {"type": "abort", "message": req.aborted}
+                # a running request's abort is applied after one more decode step and before the
+                # stop check (``Req.update_finish_state``): its last token may be a stop token
+                if self._running(req):
+                    self._sample(req)
+                return {"type": "abort", "message": req.aborted, "status_code": None, "err_type": None}
             if req.out[-1] in stops:
                 return {"type": "stop", "matched": req.out[-1]}
+            if len(req.out) >= max_new:
+                return {"type": "length", "length": max_new}
 
     async def _send_events(self, request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -287,8 +338,9 @@ class FakeSglang:
                     await resp.write(f"data: {json.dumps(self._payload(req, None, body, sent))}\n\n".encode())
                     sent = len(req.out)
             finish = task.result()
-            if finish["type"] == "abort" and self.incremental:
-                # SGLang's abort event repeats the last token and carries every logprob
+            if finish["type"] == "abort" and self.incremental and not self._running(req):
+                # a waiting or retracted request's abort echo (``_handle_abort_req``) repeats the last
+                # token and carries every logprob
                 last = self._payload(req, finish, body, max(len(req.out) - 1, 0))
                 if body.get("return_logprob"):
                     last["meta_info"]["output_token_logprobs"] = self._payload(req, finish, body)["meta_info"][
@@ -311,9 +363,9 @@ class FakeSglang:
             "id": req.rid, "finish_reason": finish, "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.out), "cached_tokens": 0, "weight_version": self.weight_version,
         }
-        if body.get("return_logprob"):
+        if body.get("return_logprob"):  # a refused request's token has no logprob (``return_logprob`` off)
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.lps[start:], req.out[start:],
-                                                                             strict=True)]
+                                                                             strict=False)]
         return {"text": "", "output_ids": list(req.out[start:]), "meta_info": meta}
 
     async def abort_request(self, request: web.Request) -> web.Response:
@@ -332,12 +384,17 @@ class FakeSglang:
         if mode not in ("abort", "retract", "in_place"):
             return web.json_response({"error": {"message": f"unknown pause mode {mode!r}"}}, status=400)
         self.paused.clear()  # new and (retract / in_place) running requests wait for /continue_generation
+        if mode == "retract":
+            for r in self.reqs.values():
+                r.retracted = bool(r.out)
         if mode == "abort":
             for r in self.reqs.values():
                 r.abort("Abort by pause_generation")
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, _: web.Request) -> web.Response:
+        for r in self.reqs.values():
+            r.retracted = False
         self.paused.set()
         self.resumed.set()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
@@ -363,11 +420,30 @@ class FakeSglang:
         self.groups[str(body["group_name"])] = body
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
+    async def begin_weight_update(self, _: web.Request) -> web.Response:
+        if self.session:
+            return web.json_response({"success": False, "message": "a weight-update session is already open; "
+                                      "call end_weight_update() first"}, status=400)
+        self.session = True
+        return web.json_response({"success": True, "message": "Success"})
+
+    async def end_weight_update(self, _: web.Request) -> web.Response:
+        if not self.session:
+            return web.json_response({"success": False, "message": "no weight-update session is open; call "
+                                      "begin_weight_update() first"}, status=400)
+        self.session = False
+        return web.json_response({"success": True, "message": "Success"})
+
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         body = await request.json()
+        if not self.session:
+            return web.json_response({"success": False, "message": "update_weights_from_distributed must run "
+                                      "between begin_weight_update() and end_weight_update()"}, status=400)
         group = str(body.get("group_name", "weight_update_group"))
         if group not in self.groups:
-            return web.json_response({"success": False, "message": f"group {group} is not initialized"}, status=400)
+            return web.json_response({"success": False, "message": f"Failed to receive weights: Group {group} not "
+                                      f"in {sorted(self.groups)}. Please call `init_weights_update_group` first."},
+                                     status=400)
         names, dtypes, shapes = body.get("names", []), body.get("dtypes", []), body.get("shapes", [])
         if not (len(names) == len(dtypes) == len(shapes)) or not names:
             return web.json_response({"success": False, "message": "names/dtypes/shapes must be equal-length, "
@@ -381,6 +457,8 @@ class FakeSglang:
         if not self.enable_memory_saver:
             return web.json_response({"error": {"message": "needs --enable-memory-saver"}}, status=400)
         self.released = True
+        if not self.weights_cpu_backup:  # only buffers survive: the parameters come back as garbage
+            self.seed = zlib.crc32(f"released|{self.seed}".encode())
         return web.Response(text="")
 
     async def resume_memory(self, _: web.Request) -> web.Response:
@@ -436,6 +514,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--incremental-streaming-output", action="store_true")
     ap.add_argument("--health-delay-s", type=float, default=1.0)
     ap.add_argument("--role-switch-unhealthy", action="store_true")
+    ap.add_argument("--enable-memory-saver", action="store_true")
+    ap.add_argument("--enable-weights-cpu-backup", action="store_true")
+    ap.add_argument("--context-length", type=int, default=0)
+    ap.add_argument("--max-total-tokens", type=int, default=0)
+    ap.add_argument("--max-queued-requests", type=int, default=0)
     args, _unknown = ap.parse_known_args(argv)
 
     async def run() -> None:
@@ -444,7 +527,10 @@ def main(argv: list[str] | None = None) -> None:
                           model_path=args.model_path, enable_role_switch=args.enable_pd_role_switch,
                           weight_version=args.weight_version, transfer_backend=args.disaggregation_transfer_backend,
                           incremental=args.incremental_streaming_output, health_delay_s=args.health_delay_s,
-                          role_switch_unhealthy=args.role_switch_unhealthy)
+                          role_switch_unhealthy=args.role_switch_unhealthy,
+                          enable_memory_saver=args.enable_memory_saver,
+                          weights_cpu_backup=args.enable_weights_cpu_backup, context_length=args.context_length,
+                          max_total_tokens=args.max_total_tokens, max_queued_requests=args.max_queued_requests)
         await fake.start()
         print(f"fake sglang listening on {args.host}:{fake.port} mode={fake.mode}", flush=True)
         await asyncio.Event().wait()

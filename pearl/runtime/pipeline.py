@@ -78,6 +78,7 @@ from pearl.engines.base import (
     GenerateResult,
     InferenceEngine,
     KVTransferError,
+    RequestRejectedError,
     SamplingParams,
 )
 from pearl.engines.resume import continuation_request, generated_tokens, merge_parts
@@ -671,6 +672,8 @@ class PipelineScheduler:
                 self.failures.append(f"{req.rid}: {e}")
                 if isinstance(e, EngineDeadError):
                     self._worker_failed(e.worker_id, str(e))
+            except RequestRejectedError:
+                raise  # the request itself is refused: resending it fails the same way; the turn fails
             except EngineError as e:
                 self.failures.append(f"{req.rid}: {e}")
             finally:

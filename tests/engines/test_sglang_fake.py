@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
 from pearl.core.state import Role
+from pearl.engines import sglang
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
@@ -27,11 +29,13 @@ from pearl.engines.base import (
     GenerateRequest,
     InferenceEngine,
     KVTransferError,
+    RequestRejectedError,
     SamplingParams,
     ServerSpec,
+    WeightUpdateError,
 )
 from pearl.engines.resume import continuation_request, generated_tokens
-from pearl.engines.sglang import SglangEngine, SglangSettings
+from pearl.engines.sglang import NO_WEIGHTS, SglangEngine, SglangSettings
 from pearl.engines.sglang_fake import next_token
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -138,24 +142,56 @@ async def test_weight_updates_disk_and_distributed(engine: SglangEngine) -> None
     assert await engine.weight_version("c") == 1
     res = await engine.generate("c", req("w1", 8))
     assert list(res.output_ids) == expected("/snapshots/v1", PROMPT, 8)[0] and res.weight_version == 1
-    with pytest.raises(EngineError, match="not initialized"):
+    with pytest.raises(WeightUpdateError, match="Failed to receive weights: Group nope not in"):
         await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 2, group_name="nope")
     await engine.init_weights_group("c", "127.0.0.1", 29500, 1, 2)
-    await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 2)
-    assert await engine.weight_version("c") == 2
+    sent = await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 2,
+                                                        send=lambda: asyncio.sleep(0, result="sent"))
+    assert sent == "sent" and await engine.weight_version("c") == 2
     assert (await engine.generate("c", req("w2", 4))).weight_version == 2
 
 
-async def test_release_and_resume_memory(engine: SglangEngine) -> None:
-    """A released server holds a new generate (SGLang's tokenizer waits on its pause condition)
-    and serves it once memory is resumed; the liveness probe stays cheap meanwhile."""
+async def test_a_refused_weight_update_cancels_the_send_and_closes_the_session(engine: SglangEngine) -> None:
+    """The update is refused while the trainer's send waits for receivers that never come: the send
+    is cancelled at once (not left to the group timeout), the session is closed and the server
+    serves again; a refused begin sends nothing."""
+    cancelled = asyncio.Event()
+    started: list[str] = []
+
+    async def hanging_send() -> None:
+        started.append("send")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+    with pytest.raises(WeightUpdateError, match="Group nope not in"):
+        await asyncio.wait_for(engine.update_weights_from_distributed(
+            "c", ["w"], ["bfloat16"], [[2]], 3, group_name="nope", send=hanging_send), 30)
+    assert cancelled.is_set() and started == ["send"]
+    assert await engine.weight_version("c") == 2
+    srv = engine.server("c")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{srv.url}/begin_weight_update", json={}) as r:  # the session was closed
+            assert r.status == 200
+        started.clear()
+        with pytest.raises(WeightUpdateError, match="a weight-update session is already open"):
+            await engine.update_weights_from_distributed("c", ["w"], ["bfloat16"], [[2]], 3, send=hanging_send)
+        assert started == []  # refused at begin: nothing was sent
+        async with http.post(f"{srv.url}/end_weight_update", json={}) as r:
+            assert r.status == 200
+    assert len((await engine.generate("c", req("after-refusal", 4))).output_ids) == 4
+
+
+async def test_release_and_resume_memory_keep_the_weights(engine: SglangEngine) -> None:
+    """With ``--enable-weights-cpu-backup`` (the default) a released and resumed server generates
+    exactly what it did before; the liveness probe stays cheap while released."""
+    before = await engine.generate("c", req("rel-0", 6))
     await engine.release_memory("c")
     assert await engine.healthy("c")  # /ping: a flag check, while /health would time out
-    task = asyncio.create_task(engine.generate("c", req("rel", 4)))
-    done, _ = await asyncio.wait({task}, timeout=0.3)
-    assert not done
     await engine.resume_memory("c")
-    assert len((await task).output_ids) == 4
+    assert await engine.weight_version("c") == 2
+    after = await engine.generate("c", req("rel-1", 6))
+    assert after.output_ids == before.output_ids and after.logprobs == before.logprobs
 
 
 async def test_role_switch_in_place_and_by_relaunch(engine: SglangEngine) -> None:
@@ -204,7 +240,8 @@ ORPHAN_SCRIPT = """
 import asyncio, os, sys
 from pearl.core.state import Role
 from pearl.engines.base import ServerSpec
-from pearl.engines.sglang import SglangEngine, SglangSettings
+from pearl.engines import sglang
+from pearl.engines.sglang import NO_WEIGHTS, SglangEngine, SglangSettings
 
 async def main():
     eng = SglangEngine(sys.argv[1], SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=60))
@@ -297,3 +334,89 @@ async def test_refused_role_switch_falls_back_to_a_relaunch(tmp_path: Path, capl
         assert eng.server("d").proc.pid != pids[0] and nixl.server("n").proc.pid != pids[1]  # type: ignore[union-attr]
     finally:
         await asyncio.gather(eng.close(), nixl.close())
+
+
+async def test_release_without_cpu_backup_reports_no_weights_until_a_load(tmp_path: Path) -> None:
+    """Without ``--enable-weights-cpu-backup`` SGLang's release keeps only buffers: the resumed
+    server reports ``NO_WEIGHTS`` (so the executor reloads even at the same version) and a load
+    brings the outputs back."""
+    eng = SglangEngine(tmp_path, fake_settings(weights_cpu_backup=False))
+    try:
+        await eng.launch(ServerSpec("nb", ("0",), Role.COLOCATED, "base-model"))
+        assert "--enable-weights-cpu-backup" not in eng.server("nb").command()
+        before = await eng.generate("nb", req("nb-0", 6))
+        await eng.release_memory("nb")
+        await eng.resume_memory("nb")
+        assert await eng.weight_version("nb") == NO_WEIGHTS
+        assert (await eng.generate("nb", req("nb-1", 6))).output_ids != before.output_ids  # garbage weights
+        await eng.load_weights("nb", "base-model", 0)
+        assert await eng.weight_version("nb") == 0
+        assert (await eng.generate("nb", req("nb-2", 6))).output_ids == before.output_ids
+    finally:
+        await eng.close()
+
+
+async def test_refusals_fail_the_request_and_a_full_queue_is_asked_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4xx refusal (the tokenizer's context check as an error event; the scheduler's input check
+    as an abort that still carries one sampled token) is a ``RequestRejectedError`` with no token
+    kept; a 503 without output (a full queue) is asked again a bounded number of times."""
+    monkeypatch.setattr(sglang, "CAPACITY_BACKOFF_S", 0.01)
+    eng = SglangEngine(tmp_path, SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=60, extra_args=(
+        "--token-delay-s", "0.01", "--context-length", "64", "--max-total-tokens", "40",
+        "--max-queued-requests", "1")))
+    try:
+        await eng.launch(ServerSpec("r", ("0",), Role.COLOCATED, "base-model"))
+        with pytest.raises(RequestRejectedError, match="longer than the model's context length") as err:
+            await eng.generate("r", req("too-long", 4, tuple(range(70))))
+        assert err.value.status_code == 400
+        with pytest.raises(RequestRejectedError, match="exceeds the maximum allowed length") as err:
+            await eng.generate("r", req("too-big", 4, tuple(range(45))))
+        assert err.value.status_code == 400 and "1 output token(s) are dropped" in str(err.value)
+        long = asyncio.create_task(eng.generate("r", req("long", 5000)))
+        await asyncio.wait_for(eng.wait_tokens("long", 2), 30)
+        with pytest.raises(EngineError, match=r"no room on the server after 4 attempts \(503: The request queue"):
+            await eng.generate("r", req("queued", 4))
+        await eng.abort("r", "long")
+        assert (await long).finish_reason is FinishReason.ABORT
+        assert len((await eng.generate("r", req("room", 4))).output_ids) == 4
+    finally:
+        await eng.close()
+
+
+async def test_an_abort_whose_extra_token_is_eos_ends_the_turn(tmp_path: Path) -> None:
+    """An aborted running request still decodes one token, and SGLang applies the abort before its
+    EOS check: a last token among the model's EOS ids (``config.json`` / ``generation_config.json``)
+    is a finished turn (``STOP``), and ``continuation_request`` does not continue it."""
+    model = tmp_path / "model"
+    model.mkdir()
+    toks, _ = expected(str(model), PROMPT, 400)
+    eos = sorted(set(toks[4:]) - set(toks[:4]))
+    (model / "config.json").write_text(f'{{"eos_token_id": {eos[0]}}}')
+    (model / "generation_config.json").write_text(f'{{"eos_token_id": {eos[1:]}}}')
+    eng = SglangEngine(tmp_path, fake_settings(delay=0.01))
+    try:
+        await eng.launch(ServerSpec("e", ("0",), Role.COLOCATED, str(model)))
+        assert eng.server("e").eos_ids == frozenset(eos)
+        original = req("eos", 400)
+        task = asyncio.create_task(eng.generate("e", original))
+        await asyncio.wait_for(eng.wait_tokens("eos", 4), 30)
+        await eng.abort("e", "eos")
+        part = await task
+        assert part.output_ids[-1] in eos and list(part.output_ids) == toks[:len(part.output_ids)]
+        assert part.finish_reason is FinishReason.STOP
+        assert continuation_request(original, [part], attempt=1) is None
+    finally:
+        await eng.close()
+
+
+async def test_startup_waits_out_sglangs_health_handler(tmp_path: Path) -> None:
+    """SGLang's ``/health`` may take up to 20 s (``HEALTH_CHECK_TIMEOUT``): a readiness poll that
+    gives up after 5 s would never see a slow server ready."""
+    eng = SglangEngine(tmp_path, SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=40,
+                                                extra_args=("--health-delay-s", "6")))
+    try:
+        await eng.launch(ServerSpec("slow", ("0",), Role.COLOCATED, "base-model"))
+        assert eng.server("slow").alive
+    finally:
+        await eng.close()
