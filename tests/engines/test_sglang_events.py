@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from pearl.core.state import Role
 from pearl.engines.base import (
     EngineError,
     FinishReason,
@@ -19,19 +18,14 @@ from pearl.engines.base import (
     RequestRejectedError,
     ResponseShapeError,
     SamplingParams,
-    ServerSpec,
 )
 from pearl.engines.resume import continuation_request, final_finish_reason, is_finished
-from pearl.engines.sglang import SglangEngine, SglangServer, SglangSettings, _Stream, request_seed
+from pearl.engines.sglang import SglangEngine, SglangServer, SglangSettings
+from pearl.engines.sglang_events import SglangStream, absorb, request_seed
 from pearl.train.client import TrainerClient
 
 TOKS = [11, 12, 13, 14, 15]
 LPS = [-0.5, -0.25, -0.125, -1.0, -2.0]
-
-
-def _server() -> SglangServer:
-    return SglangServer(spec=ServerSpec("s", ("0",), Role.COLOCATED, "m"), log_dir=Path("."),
-                        settings=SglangSettings())
 
 
 def _event(ids: list[int], c: int, lps: list[tuple[float, int]] | None, finish: Any = None) -> dict[str, Any]:
@@ -41,10 +35,9 @@ def _event(ids: list[int], c: int, lps: list[tuple[float, int]] | None, finish: 
     return {"output_ids": ids, "meta_info": meta}
 
 
-def _streamed(n: int, logprobs: bool = True) -> _Stream:
-    st = _Stream()
-    SglangEngine._absorb(_server(), _event(TOKS[:n], n, list(zip(LPS[:n], TOKS[:n], strict=True))
-                                           if logprobs else None), st)
+def _streamed(n: int, logprobs: bool = True) -> SglangStream:
+    st = SglangStream()
+    absorb("s", 1, _event(TOKS[:n], n, list(zip(LPS[:n], TOKS[:n], strict=True)) if logprobs else None), st)
     return st
 
 
@@ -57,26 +50,26 @@ def test_an_incremental_chunk_coalesced_with_an_abort_echo_keeps_tokens_and_logp
     st = _streamed(3)
     chunk = list(zip(LPS[3:], TOKS[3:], strict=True))
     whole = list(zip(LPS, TOKS, strict=True))
-    SglangEngine._absorb(_server(), _event(TOKS[3:] + TOKS[-1:], 5, chunk + whole, ABORT), st)
+    absorb("s", 1, _event(TOKS[3:] + TOKS[-1:], 5, chunk + whole, ABORT), st)
     assert st.tokens == TOKS and st.logprobs == LPS and st.finish == "abort"
 
 
 def test_a_coalesced_abort_without_logprobs_keeps_the_queued_tokens() -> None:
     st = _streamed(3, logprobs=False)
-    SglangEngine._absorb(_server(), _event(TOKS[3:] + TOKS[-1:], 5, None, ABORT), st)
+    absorb("s", 1, _event(TOKS[3:] + TOKS[-1:], 5, None, ABORT), st)
     assert st.tokens == TOKS
 
 
 def test_a_plain_abort_echo_changes_nothing() -> None:
     st = _streamed(5)
-    SglangEngine._absorb(_server(), _event(TOKS[-1:], 5, list(zip(LPS, TOKS, strict=True)), ABORT), st)
+    absorb("s", 1, _event(TOKS[-1:], 5, list(zip(LPS, TOKS, strict=True)), ABORT), st)
     assert st.tokens == TOKS and st.logprobs == LPS
 
 
 def test_logprobs_that_cannot_be_aligned_are_a_shape_error_and_none_are_kept() -> None:
     st = _streamed(3)
     with pytest.raises(ResponseShapeError, match="cannot be aligned"):
-        SglangEngine._absorb(_server(), _event(TOKS[3:], 5, [(LPS[3], TOKS[3])]), st)
+        absorb("s", 1, _event(TOKS[3:], 5, [(LPS[3], TOKS[3])]), st)
     assert st.output_logprobs() == ()  # the tokens arrived, their logprobs did not: none is trained on
 
 
@@ -84,10 +77,10 @@ def test_an_error_event_marked_4xx_is_a_rejection() -> None:
     err = {"message": "The input (70 tokens) is longer than the model's context length (64 tokens).",
            "type": "invalid_request_error", "code": 400, "retryable": False}
     with pytest.raises(RequestRejectedError, match="context length") as exc:
-        SglangEngine._absorb(_server(), {"error": err}, _Stream())
+        absorb("s", 1, {"error": err}, SglangStream())
     assert exc.value.status_code == 400
     with pytest.raises(EngineError) as other:
-        SglangEngine._absorb(_server(), {"error": {"message": "boom", "code": 500}}, _Stream())
+        absorb("s", 1, {"error": {"message": "boom", "code": 500}}, SglangStream())
     assert not isinstance(other.value, RequestRejectedError)
 
 
