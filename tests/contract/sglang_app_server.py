@@ -80,6 +80,7 @@ class EngineSide:
         self.abort_calls: list[str] = []  # every abort asked for
         self.bodies: list[dict[str, Any]] = []
         self.groups: set[str] = set()
+        self.session = False  # ``scheduler_components/weight_updater.py``: begin / end
 
     # ------------------------------------------------------------------ status
     def is_healthy(self) -> bool:
@@ -213,8 +214,25 @@ class EngineSide:
         self.groups.add(obj.group_name)
         return True, "Succeeded to initialize custom process group."
 
+    async def begin_weight_update(self, obj: Any, request: Any = None) -> tuple[bool, str]:
+        self._record("/begin_weight_update", obj)
+        if self.session:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.session = True
+        return True, "Success"
+
+    async def end_weight_update(self, obj: Any, request: Any = None) -> tuple[bool, str]:
+        self._record("/end_weight_update", obj)
+        if not self.session:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session = False
+        return True, "Success"
+
     async def update_weights_from_distributed(self, obj: Any, request: Any = None) -> tuple[bool, str]:
         self._record("/update_weights_from_distributed", obj)
+        if not self.session:
+            return False, ("update_weights_from_distributed must run between begin_weight_update() and "
+                           "end_weight_update()")
         if obj.group_name not in self.groups:
             return False, f"Group {obj.group_name} not in {sorted(self.groups)}."
         if obj.weight_version is not None:
