@@ -27,14 +27,22 @@ non-streaming returns ``{text, output_ids, meta_info}``; streaming (``stream: tr
 ``data: {...}`` events, cumulative by default and only the new tokens and logprobs with
 ``--incremental-streaming-output`` (``meta_info.completion_tokens`` counts all), then
 ``data: [DONE]``. ``output_token_logprobs`` entries are ``[logprob, token_id, null]``. An aborted
-request's last event has ``finish_reason {"type": "abort", "message", "status_code"}``, and in
-incremental mode repeats the last token with every logprob; a decode server whose KV never arrives
-aborts with ``status_code`` 500 inside an HTTP 200 stream. An error inside a stream is a
-``data: {"error": {...}}`` event followed by ``[DONE]``. While paused (``/pause_generation``) or
-released (``/release_memory_occupation``) a new ``/generate`` waits, as SGLang's tokenizer does,
-instead of answering. ``/abort_request {rid}`` matches the exact rid (SGLang's tokenizer drops an
-unknown one). ``/health`` runs a generation (SGLang sleeps 1 s before checking it: the fake waits
-``health_delay_s``); ``/ping`` is the flag check. ``/model_info`` reports ``weight_version``.
+running request decodes one more token before the abort applies (so its last token may be a stop
+token) and ends with ``finish_reason {"type": "abort", "message", "status_code"}``; a waiting or
+retracted one (``/pause_generation {mode: retract}``) is echoed, in incremental mode repeating the
+last token with every logprob. A decode server whose KV never arrives aborts with ``status_code``
+500 inside an HTTP 200 stream. Refusals: a prompt of ``--context-length`` tokens or more is an
+error event with ``code`` 400; one of ``--max-total-tokens`` or more an abort with ``status_code``
+400 that still carries one token; a request that finds ``--max-queued-requests`` others an abort
+with 503 and no output. An error inside a stream is a ``data: {"error": {...}}`` event followed by
+``[DONE]``. While paused (``/pause_generation``) a new ``/generate`` waits, as SGLang's tokenizer
+does; a release does not pause (a request reaching a released server is refused with 500 here:
+SGLang would run it on freed memory), and without ``--enable-weights-cpu-backup`` it loses the
+weights (outputs change until a load). ``/update_weights_from_distributed`` is refused outside a
+``/begin_weight_update`` ... ``/end_weight_update`` session. ``/abort_request {rid}`` matches the
+exact rid (SGLang's tokenizer drops an unknown one). ``/health`` runs a generation (SGLang waits
+for it: the fake waits ``health_delay_s``); ``/ping`` is the flag check. ``/model_info`` reports
+``weight_version``.
 ``/pd_role_switch`` needs ``--enable-pd-role-switch``, a transfer backend whose KV manager supports
 it (mooncake, mori), an idle server, and for a switch to decode ``decode_cuda_graph_memory_gb``;
 otherwise it answers 400 ``{success: false, message, safe_to_restore: true}``.

@@ -37,6 +37,7 @@ import asyncio
 import struct
 import sys
 import tempfile
+import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -293,6 +294,9 @@ class FakeScheduler:
                     del self.reqs[r.rid]
                     self._out(self._batch(r, [tok], [lp], None))
                     self._out(AbortReq(rid=r.rid))
+                    # hold the tokenizer's loop until both have arrived, as a loop busy with other
+                    # work would: its handle_loop then reads them in one pass, before the client
+                    time.sleep(0.05)
                     return
                 self._out(self._batch(r, [tok], [lp], finish))
                 if finish is not None:

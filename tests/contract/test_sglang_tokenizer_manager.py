@@ -94,9 +94,8 @@ async def test_update_runs_inside_a_weight_update_session(engines: tuple[SglangE
                             {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2]], "group_name": "g"})
     assert code == 400 and "must run between begin_weight_update() and end_weight_update()" in body["message"]
     await tm.init_weights_group("t", "127.0.0.1", 29512, 1, 2, group_name="g")
-    sent = await tm.update_weights_from_distributed("t", ["w"], ["bfloat16"], [[2]], 7, group_name="g",
-                                                    send=lambda: asyncio.sleep(0, result="broadcast"))
-    assert sent == "broadcast" and await tm.weight_version("t") == 7
+    await tm.update_weights_from_distributed("t", ["w"], ["bfloat16"], [[2]], 7, group_name="g")
+    assert await tm.weight_version("t") == 7
     st = await state(tm, "t")
     kinds = [r["type"] for r in st["received"] if r["type"] != "AbortReq"]  # abort_all_requests
     begin = kinds.index("BeginWeightUpdateReqInput")
@@ -104,6 +103,18 @@ async def test_update_runs_inside_a_weight_update_session(engines: tuple[SglangE
                                       "EndWeightUpdateReqInput"]
     assert not st["session"]
     assert (await tm.generate("t", req("after-update", 4))).weight_version == 7
+
+
+async def test_the_send_runs_once_every_session_is_open(engines: tuple[SglangEngine, SglangEngine]) -> None:
+    tm, _ = engines
+    seen: list[bool] = []
+
+    async def send() -> str:
+        seen.append((await state(tm, "t"))["session"])
+        return "broadcast"
+    assert await tm.update_weights_from_distributed("t", ["w"], ["bfloat16"], [[2]], 8, group_name="g",
+                                                    send=send) == "broadcast"
+    assert seen == [True] and await tm.weight_version("t") == 8
 
 
 async def test_a_refused_update_cancels_the_send_and_ends_the_session(
@@ -117,7 +128,7 @@ async def test_a_refused_update_cancels_the_send_and_ends_the_session(
         finally:
             cancelled.set()
     with pytest.raises(WeightUpdateError, match="Group nope not in"):
-        await asyncio.wait_for(tm.update_weights_from_distributed("t", ["w"], ["bfloat16"], [[2]], 8,
+        await asyncio.wait_for(tm.update_weights_from_distributed("t", ["w"], ["bfloat16"], [[2]], 9,
                                                                   group_name="nope", send=hanging_send), 60)
     assert cancelled.is_set() and not (await state(tm, "t"))["session"]
     assert len((await tm.generate("t", req("after-refusal", 4))).output_ids) == 4
@@ -238,8 +249,8 @@ async def test_release_and_resume_keep_the_weights_only_with_cpu_backup(
         after = await eng.generate(wid, req(f"{wid}-after", 6))
         assert "pause:weights" in (await state(eng, wid))["saver"]
         if eng is tm:
-            assert "--enable-weights-cpu-backup" in eng.server(wid).command()
             assert after.output_ids == before.output_ids and after.logprobs == before.logprobs
+            assert "--enable-weights-cpu-backup" in eng.server(wid).command()
         else:
             assert after.output_ids != before.output_ids  # generated from garbage
             assert await eng.weight_version(wid) == NO_WEIGHTS
