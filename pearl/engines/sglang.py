@@ -16,15 +16,19 @@ of GPUs) and polls ``/health``; ``await engine.close()`` stops every server. Log
   and ``meta_info.output_token_logprobs`` (``[logprob, id, text]``) while ``completion_tokens`` counts
   all so far (SGLang's default cumulative events grow with the output; a 16K-token response makes
   one line past aiohttp's 512 KiB limit). An abort's last event repeats the last token and carries
-  every logprob; ``_absorb`` tells the kinds of event apart by ``completion_tokens``. A
+  every logprob; ``sglang_events.absorb`` tells the kinds of event apart by ``completion_tokens``. A
   partial output survives an abort (``finish_reason.type == "abort"``) or a death; a decode-side KV
-  failure is an abort event with ``status_code`` 500 and becomes ``KVTransferError``. Errors inside a
-  stream arrive as ``data: {"error": ...}`` events before ``[DONE]``.
+  failure is an abort event with ``status_code`` 500 and becomes ``KVTransferError``; an abort with
+  a 4xx status (or an error event with ``code`` 4xx) is ``RequestRejectedError``, one with 503 and
+  no output is asked again (``CAPACITY_RETRIES``). Errors inside a stream arrive as
+  ``data: {"error": ...}`` events before ``[DONE]``.
 - ``/abort_request {rid | abort_all}``, ``/pause_generation {mode: abort|retract|in_place}``,
   ``/continue_generation``, ``/update_weights_from_disk {model_path, weight_version}``,
-  ``/init_weights_update_group`` + ``/update_weights_from_distributed {names, dtypes, shapes,
-  group_name, weight_version}`` (the trainer runs rank 0 of that NCCL group),
-  ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``--enable-memory-saver``),
+  ``/init_weights_update_group`` + ``/begin_weight_update``, ``/update_weights_from_distributed
+  {names, dtypes, shapes, group_name, weight_version}``, ``/end_weight_update`` (the trainer runs
+  rank 0 of that group; ``pearl.engines.sglang_weights``),
+  ``/release_memory_occupation`` / ``/resume_memory_occupation`` (``--enable-memory-saver``, with
+  ``--enable-weights-cpu-backup`` so the weights survive),
   ``/pd_role_switch {new_role, decode_cuda_graph_memory_gb}`` (``--enable-pd-role-switch``),
   ``GET /model_info`` (its ``weight_version`` is the live version), ``GET /ping`` (liveness: a flag
   check that stays 200 while paused; ``/health`` runs a one-token generation after a 1 s sleep).
@@ -53,7 +57,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -83,12 +87,11 @@ from pearl.engines.child_server import ChildServer, race_death
 from pearl.engines.http_engine import ABORT_TIMEOUT_S, HttpEngine
 from pearl.engines.sglang_events import FINISH, absorb, model_eos_ids, no_room, refused, request_seed
 from pearl.engines.sglang_events import SglangStream as _Stream
+from pearl.engines.sglang_weights import SendWeights, distributed_update
 from pearl.procutil import free_port
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0
-WEIGHT_SEND_GRACE_S = 60.0  # once every server has received an update, the sender's time to return
-SESSION_END_TIMEOUT_S = 60.0  # ``/end_weight_update`` / ``/continue_generation`` after a failed update
 #: ``weight_version`` of a server whose weights were released without a CPU backup and not loaded since
 NO_WEIGHTS = -1
 #: SGLang's ``/health`` handler waits up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) for its one-token
@@ -98,7 +101,6 @@ HEALTH_POLL_TIMEOUT_S = 25.0
 #: server that could not reclaim KV): resent up to this many times, ``CAPACITY_BACKOFF_S * 2**i`` apart
 CAPACITY_RETRIES = 3
 CAPACITY_BACKOFF_S = 0.5
-SendWeights = Callable[[], Awaitable[Any]]
 MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
 #: transfer backends whose SGLang KV manager implements ``/pd_role_switch`` (``supports_role_switch``)
 ROLE_SWITCH_BACKENDS = frozenset({"mooncake", "mori"})
@@ -310,18 +312,11 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         own dtype and shape: ``send_weights`` of a per-tensor layout); True is its
         ``flattened_bucket`` format (one uint8 broadcast of the tensors' bytes back to back).
 
-        SGLang's scheduler receives only inside a weight-update session
-        (``scheduler_components/weight_updater.py``: ``update_weights_from_distributed`` refuses
-        with "must run between begin_weight_update() and end_weight_update()"), and its session
-        calls wait on the writer lock behind every in-flight generation unless the server is
-        paused. So, per server: ``/pause_generation {mode: abort}``, ``/begin_weight_update``,
-        ``/update_weights_from_distributed`` concurrently with ``send()``, then
-        ``/end_weight_update`` on every server whose session opened (also on failure) and
-        ``/continue_generation``. ``send`` starts only once every session is open, so a refused
-        begin sends nothing; an update answered with a failure while ``send`` still runs cancels
-        ``send`` (its cancellation must abort the broadcast) instead of leaving the trainer to wait
-        for the group timeout. A refusal or failure is a ``WeightUpdateError`` carrying SGLang's
-        message."""
+        The calls run inside SGLang's weight-update session (``pearl.engines.sglang_weights``:
+        pause, begin, update beside ``send()``, end, continue); ``send`` starts only once every
+        session is open, and an update refused while it runs cancels it (its cancellation must
+        abort the broadcast) instead of leaving the trainer to wait for the group timeout. A
+        refusal or failure is a ``WeightUpdateError`` carrying SGLang's message."""
         srvs = [self._alive(w) for w in ([worker_ids] if isinstance(worker_ids, str) else worker_ids)]
         body: dict[str, Any] = {
             "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
@@ -329,46 +324,13 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
             "abort_all_requests": True}
         if bucketed:
             body["load_format"] = "flattened_bucket"
-        opened: list[SglangServer] = []
-        try:
-            await asyncio.gather(*(self._call(s, "POST", "/pause_generation", {"mode": "abort"}) for s in srvs))
-            begun = await asyncio.gather(*(self._session_call(s, "/begin_weight_update") for s in srvs),
-                                         return_exceptions=True)
-            opened = [s for s, r in zip(srvs, begun, strict=True) if not isinstance(r, BaseException)]
-            for r in begun:
-                if isinstance(r, BaseException):
-                    raise r
-            sent = await self._receive(srvs, body, send)
-            for s in srvs:
-                s.weight_version, s.weights_lost = version, False
-        except BaseException:
-            await self._end_sessions(opened, srvs, failed=True)
-            raise
-        await self._end_sessions(opened, srvs, failed=False)
+        sent = await distributed_update(srvs, body, send, self._control, self._session_call)
+        for s in srvs:
+            s.weight_version, s.weights_lost = version, False
         return sent
 
-    async def _receive(self, srvs: Sequence[SglangServer], body: dict[str, Any], send: SendWeights | None) -> Any:
-        """``/update_weights_from_distributed`` on every server while ``send()`` runs. The first
-        failure of either side cancels the rest; once every server has received, ``send`` has
-        ``WEIGHT_SEND_GRACE_S`` to return."""
-        updates = [asyncio.ensure_future(self._session_call(s, "/update_weights_from_distributed", body))
-                   for s in srvs]
-        sender = asyncio.ensure_future(send()) if send is not None else None
-        waiting: set[asyncio.Future[Any]] = set(updates) | ({sender} if sender is not None else set())
-        try:
-            while any(not u.done() for u in updates):
-                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for d in done:
-                    d.result()  # a refused update or a failed send raises here
-            return await asyncio.wait_for(sender, WEIGHT_SEND_GRACE_S) if sender is not None else None
-        except TimeoutError:
-            raise WeightUpdateError(srvs[0].spec.worker_id, f"every server received the update but the sender "
-                                    f"did not return within {WEIGHT_SEND_GRACE_S:.0f} s") from None
-        finally:
-            rest = [f for f in (*updates, sender) if f is not None and not f.done()]
-            for f in rest:
-                f.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
+    async def _control(self, srv: SglangServer, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        return await self._call(srv, "POST", path, body or {})
 
     async def _session_call(self, srv: SglangServer, path: str, body: Mapping[str, Any] | None = None) -> str:
         """One call of SGLang's weight-update session (``/begin_weight_update``,
@@ -384,26 +346,6 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         if not data["success"]:
             raise WeightUpdateError(srv.spec.worker_id, f"POST {path} refused: {data.get('message')}")
         return str(data.get("message") or "")
-
-    async def _end_sessions(self, opened: Sequence[SglangServer], paused: Sequence[SglangServer],
-                            failed: bool) -> None:
-        """``/end_weight_update`` on each server whose session opened, then ``/continue_generation``
-        on every live paused one. After a failure each call is bounded by ``SESSION_END_TIMEOUT_S`` (a
-        server still receiving answers only when its receive ends) and its own failure is logged;
-        after a success a failed end is a ``WeightUpdateError``."""
-        async def end(s: SglangServer) -> None:
-            if s.alive:
-                await self._session_call(s, "/end_weight_update")
-        ends = await asyncio.gather(*(asyncio.wait_for(end(s), SESSION_END_TIMEOUT_S) for s in opened),
-                                    return_exceptions=True)
-        resumed = await asyncio.gather(*(asyncio.wait_for(self._call(s, "POST", "/continue_generation", {}),
-                                                          SESSION_END_TIMEOUT_S) for s in paused if s.alive),
-                                       return_exceptions=True)
-        errors = [e for e in (*ends, *resumed) if isinstance(e, BaseException)]
-        if errors and not failed:
-            raise WeightUpdateError(paused[0].spec.worker_id, f"closing the weight-update session failed: {errors[0]!r}")
-        for e in errors:
-            log.warning("closing a failed weight-update session: %r", e)
 
     # ------------------------------------------------------------------------------ roles
     async def set_role(self, worker_id: str, role: Role) -> None:

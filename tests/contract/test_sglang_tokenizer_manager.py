@@ -243,6 +243,7 @@ async def test_release_and_resume_keep_the_weights_only_with_cpu_backup(
     without, its weights are gone until a load, and the engine says so."""
     tm, nb = engines
     for eng, wid in ((tm, "t"), (nb, "n")):
+        await eng.load_weights(wid, MODEL, 1)  # defined weights, whatever earlier tests left
         before = await eng.generate(wid, req(f"{wid}-before", 6))
         await eng.release_memory(wid)
         await eng.resume_memory(wid)
@@ -254,7 +255,7 @@ async def test_release_and_resume_keep_the_weights_only_with_cpu_backup(
         else:
             assert after.output_ids != before.output_ids  # generated from garbage
             assert await eng.weight_version(wid) == NO_WEIGHTS
-            await eng.load_weights(wid, MODEL, 1)
+            await eng.load_weights(wid, MODEL, 2)
             assert (await eng.generate(wid, req(f"{wid}-reloaded", 6))).output_ids == before.output_ids
 
 
