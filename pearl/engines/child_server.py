@@ -17,9 +17,9 @@ the id recorded at spawn (``pgid``, the leader's pid): once the leader has exite
 its pid names nothing, but the group lives on as long as one member does (vLLM's engine core and
 workers, which ignore SIGTERM, SGLang's scheduler). After the leader exits the watcher waits until
 the group has no live member (``group_members``: zombies waiting for a parent that never reaps
-them do not count), sending SIGKILL after the grace a stop gives, and only then ends the reaper.
-stdout/stderr go to a log
-file under the run directory; errors quote its tail. Each server is spawned with
+them do not count), sending SIGKILL after ``ORPHAN_GRACE_S`` (a stop) or at once (a crash), and
+only then ends the reaper. stdout/stderr go to a log file under the run directory; errors quote
+its tail. Each server is spawned with
 ``PR_SET_PDEATHSIG=SIGTERM``, and beside it runs a reaper (``pearl.reaper``, in its own session):
 if the owning process dies without ``stop()`` (a ``kill -9``), the reaper kills the server's group
 (SIGTERM, then SIGKILL after ``reaper_grace_s``). The death signal alone is not enough: a vLLM
@@ -50,6 +50,7 @@ from pearl.procutil import die_with_parent, free_port
 
 HEALTH_POLL_S = 0.5  # readiness poll period; each poll also races the process-exit event
 STOP_GRACE_S = 10.0
+ORPHAN_GRACE_S = 2.0  # once a stopped server's leader has exited, its group's rest gets this before SIGKILL
 GROUP_EXIT_S = 5.0  # after SIGKILL, how long the watcher waits for the group's members to go
 GROUP_POLL_S = 0.05
 DEATH_GRACE_S = 5.0  # after a dropped connection, how long to wait for the process exit to be seen
@@ -214,13 +215,14 @@ class ChildServer(ABC):
 
     async def _empty_group(self) -> None:
         """The leader has exited: what is left of its group (engine core, workers, scheduler) goes
-        too. A stop already sent SIGTERM, so the rest gets the remainder of ``STOP_GRACE_S`` before
-        SIGKILL; a leader that died on its own leaves orphans, which get SIGKILL at once. Returns
+        too. A stop already sent SIGTERM, so the rest gets ``ORPHAN_GRACE_S`` (at most what is left
+        of ``STOP_GRACE_S``) before SIGKILL; a leader that died on its own leaves orphans, which get
+        SIGKILL at once. Returns
         once no live member is left, or ``GROUP_EXIT_S`` after the SIGKILL."""
         if not self._signalable():
             return
         if self.stopping:
-            await self._wait_group_empty(self._term_deadline - time.monotonic())
+            await self._wait_group_empty(min(self._term_deadline - time.monotonic(), ORPHAN_GRACE_S))
         if group_members(self.pgid):
             self._kill_group(signal.SIGKILL)
             await self._wait_group_empty(GROUP_EXIT_S)
