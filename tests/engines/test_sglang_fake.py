@@ -420,3 +420,45 @@ async def test_startup_waits_out_sglangs_health_handler(tmp_path: Path) -> None:
         assert eng.server("slow").alive
     finally:
         await eng.close()
+
+
+class _Router:
+    """The pipeline as the executor sees it: who is admitted, at which version."""
+
+    def __init__(self) -> None:
+        self.admitted: dict[str, int] = {}
+        self.worker_versions: dict[str, int] = {}
+
+    async def evict(self, worker_id: str) -> int:
+        self.admitted.pop(worker_id, None)
+        return 0
+
+    def admit(self, worker_id: str, role: Role, version: int) -> None:
+        self.admitted[worker_id] = version
+
+
+async def test_a_lent_worker_reactivated_at_the_same_version_serves_its_weights(tmp_path: Path) -> None:
+    """DEACTIVATE then ACTIVATE at an unchanged version: with the CPU backup the weights come back;
+    without it the engine reports ``NO_WEIGHTS``, so the executor reloads the latest snapshot.
+    Either way the re-activated worker generates what it did before."""
+    from pearl.core.state import ClusterState, Gpu, Worker, WorkerStatus, Zone
+    from pearl.runtime.clock import LoopClock
+    from pearl.runtime.executor import ExecutionReport, PlanExecutor
+
+    for backup in (True, False):
+        eng = SglangEngine(tmp_path / str(backup), fake_settings(weights_cpu_backup=backup))
+        state = ClusterState.build([Gpu("t0", Zone.OVERLAP, lent=True)], [Worker("o", ("t0",), Role.COLOCATED,
+                                                                      WorkerStatus.ACTIVE)])
+        router = _Router()
+        ex = PlanExecutor(state, eng, router, LoopClock(), latest_weights=lambda: (0, "base-model"))  # type: ignore[arg-type]
+        try:
+            await eng.launch(ServerSpec("o", ("0",), Role.COLOCATED, "base-model"))
+            before = await eng.generate("o", req(f"lent-{backup}-0", 6))
+            rep = ExecutionReport()
+            await ex.deactivate("o", rep)
+            await ex.activate("o", Role.COLOCATED, rep)
+            assert rep.errors == [] and router.admitted == {"o": 0}
+            after = await eng.generate("o", req(f"lent-{backup}-1", 6))
+            assert after.output_ids == before.output_ids, f"weights_cpu_backup={backup}"
+        finally:
+            await eng.close()
