@@ -11,7 +11,9 @@ uvicorn. The seam is the tokenizer manager, the one object those routes call:
 incremental and cumulative events, ``_handle_abort_req`` for an abort's last event, the pause
 condition new requests wait on, exact-rid aborts; from ``srt/disaggregation/decode.py``: a failed
 KV transfer aborts with ``status_code`` 500; from ``srt/disaggregation/role_switch.py``: the
-switch's refusal table). Its "model" is ``pearl.engines.sglang_fake.next_token``.
+switch's refusal table; from ``srt/managers/scheduler_components/weight_updater.py``: the
+weight-update session an update must run in). Its "model" is ``pearl.engines.sglang_fake.next_token``.
+``tests/contract/sglang_tm_server.py`` goes one layer deeper, with SGLang's own tokenizer manager.
 
 Requests whose rid starts with ``cut-`` (the stream breaks off), ``shape-`` (an event of an unknown
 shape) or ``valueerror-`` (the engine raises ``ValueError``) drive the failure paths;
