@@ -75,6 +75,7 @@ from pearl.engines.base import (
     GenerateRequest,
     GenerateResult,
     KVTransferError,
+    RequestRejectedError,
     RequestTimings,
     ResponseTooLargeError,
     RoleSwitchError,
@@ -548,6 +549,8 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         except (EngineDeadError, EngineProtocolError) as exc:
             exc.partial = self._result(req, replace(st, finish="abort"), d, RequestTimings(), version, prefill_id)
             raise
+        except RequestRejectedError:
+            raise  # the decode server refused the request itself (an error event with a 4xx code)
         except EngineError as exc:
             raise KVTransferError(decode_id, f"request {req.rid}: decode failed ({exc}); is prefill "
                                   f"{prefill_id or pd['bootstrap_host']} reachable on its bootstrap port?",

@@ -462,3 +462,15 @@ async def test_a_lent_worker_reactivated_at_the_same_version_serves_its_weights(
             assert after.output_ids == before.output_ids, f"weights_cpu_backup={backup}"
         finally:
             await eng.close()
+
+
+async def test_a_refusal_on_the_decode_server_is_a_rejection_not_a_kv_failure(tmp_path: Path) -> None:
+    eng = SglangEngine(tmp_path, SglangSettings(module="pearl.engines.sglang_fake", start_timeout_s=60,
+                                                transfer_backend="mooncake", extra_args=("--context-length", "8")))
+    try:
+        await asyncio.gather(eng.launch(ServerSpec("p", ("0",), Role.PREFILL, "base-model")),
+                             eng.launch(ServerSpec("d", ("1",), Role.DECODE, "base-model")))
+        with pytest.raises(RequestRejectedError, match="context length"):
+            await eng.generate_pd("p", "d", req("pd-too-long", 4))
+    finally:
+        await eng.close()
