@@ -61,13 +61,13 @@ import numpy as np
 import numpy.typing as npt
 
 from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
-from pearl.core.disaggregated import disaggregated_makespan
+from pearl.core.disaggregated import DisaggResult, disaggregated_makespan
 from pearl.core.hardware import HardwareProfile
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
-__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "decide", "evaluate",
-           "evaluate_table", "mode_change_s", "project"]
+__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "SplitsFn",
+           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "project"]
 
 
 class DecisionError(ValueError):
@@ -91,6 +91,22 @@ class DecisionPolicy(Protocol):
     def min_decode_workers(self) -> int: ...
     @property
     def max_prefill_utilization(self) -> float: ...
+
+
+class SplitsFn(Protocol):
+    """Evaluates every split of a budget: ``disaggregated.disaggregated_makespan`` (one pass) or
+    ``makespan_reference.reference_disaggregated_makespan`` (term by term)."""
+
+    def __call__(self, hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_prefill: npt.NDArray[np.float64],
+                 n_decode: npt.NDArray[np.float64], u_max: float) -> DisaggResult: ...
+
+
+class TableFn(Protocol):
+    """Evaluates every candidate of a budget (``evaluate_table`` or
+    ``makespan_reference.reference_table``)."""
+
+    def __call__(self, n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile,
+                 policy: DecisionPolicy, coloc_workers: float | None = None) -> CandidateTable: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,17 +329,18 @@ def project(current: Allocation, n_workers: int, policy: DecisionPolicy) -> Allo
 
 def evaluate_table(
     n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: DecisionPolicy,
-    coloc_workers: float | None = None,
+    coloc_workers: float | None = None, splits: SplitsFn = disaggregated_makespan,
 ) -> CandidateTable:
     """Every candidate for ``n_workers`` as arrays (module docstring, 1.-2.). ``coloc_workers``:
-    evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.)."""
+    evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.);
+    ``splits``: the evaluation of the splits (one pass, or the term-by-term reference)."""
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
     coloc_fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
     coloc = float(coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
-        res = disaggregated_makespan(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
+        res = splits(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
                                      policy.max_prefill_utilization)
         ms, pok, kok, cok, held = res.makespan_s, res.prefill_ok, res.kv_ok, res.cache_ok, res.cache_demand
     else:
@@ -347,13 +364,15 @@ def decide(
     policy: DecisionPolicy,
     current: Allocation | None = None,
     coloc_workers: float | None = None,
+    evaluator: TableFn = evaluate_table,
 ) -> Decision:
-    """Choose the target allocation (see module docstring; ``coloc_workers``: 6.)."""
+    """Choose the target allocation (see module docstring; ``coloc_workers``: 6.; ``evaluate``: the
+    candidates' evaluation (``evaluator``), ``evaluate_table`` unless a benchmark or test compares another)."""
     if n_workers < 1:
         raise DecisionError(f"budget of {n_workers} workers: need at least 1 rollout worker to decide")
     if batch < 1:
         raise DecisionError(f"batch size {batch}: need at least 1 trajectory")
-    table = evaluate_table(n_workers, batch, hw, wl, policy, coloc_workers)
+    table = evaluator(n_workers, batch, hw, wl, policy, coloc_workers)
     best = table.candidate(table.best_index())
 
     def done(target: Candidate, switched: bool, forced: bool, reason: str) -> Decision:
