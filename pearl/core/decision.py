@@ -44,6 +44,12 @@
    their fresh-batch prediction (modelling choice: the re-prefill of a mode switch mid-batch is
    not charged; the mode-switch hysteresis stands for it). Default ``None``: the whole pool.
 
+7. Never on a broken prediction: a candidate whose predicted makespan is NaN, infinite or not
+   positive is infeasible ("prediction ... is not a positive number"); if the current
+   allocation's prediction is such, it is held (no saving can be measured against it); if no
+   candidate has a valid prediction, the current allocation (projected) is held, colocation
+   without one. The profiles' screened-out telemetry is in ``to_dict`` (``telemetry_rejected``).
+
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
 smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
@@ -52,6 +58,8 @@ at ``1 / M_coloc(n_eff)`` (``makespan.sticky_pool``); the replay's piecewise pre
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -202,17 +210,27 @@ class CandidateTable:
     #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``)
     cache_ok: npt.NDArray[np.bool_]
     cache_demand: float
-    #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility")
+    #: per split: its prediction is a positive finite number (module docstring, 7.)
+    valid: npt.NDArray[np.bool_] = field(init=False)
+    #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility") and
+    #: the prediction is valid
     feasible: npt.NDArray[np.bool_] = field(init=False)
+    #: colocation's prediction is a positive finite number
+    coloc_valid: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "feasible", self.prefill_ok & self.kv_ok & self.cache_ok)
+        valid = np.isfinite(self.makespan_s) & (self.makespan_s > 0)
+        object.__setattr__(self, "valid", valid)
+        object.__setattr__(self, "feasible", self.prefill_ok & self.kv_ok & self.cache_ok & valid)
+        object.__setattr__(self, "coloc_valid", bool(math.isfinite(self.coloc_s) and self.coloc_s > 0))
 
     def __len__(self) -> int:
         return 1 + len(self.n_prefill)
 
     def _reason(self, i: int) -> str:
         reasons = []
+        if not self.valid[i]:
+            reasons.append(f"prediction {self.makespan_s[i]} s is not a positive number")
         if not self.prefill_ok[i]:
             reasons.append("prefill capacity exceeded")
         if not self.kv_ok[i]:
@@ -226,7 +244,9 @@ class CandidateTable:
     def candidate(self, i: int) -> Candidate:
         """Index 0 is colocation; index 1 + j the j-th split."""
         if i == 0:
-            return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, True, "")
+            ok = self.coloc_valid
+            return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, ok,
+                             "" if ok else f"prediction {self.coloc_s} s is not a positive number")
         j = i - 1
         p = int(self.n_prefill[j])
         ok = bool(self.feasible[j])
@@ -246,9 +266,11 @@ class CandidateTable:
         j = a.n_prefill - int(self.n_prefill[0])
         return 1 + j if 0 <= j < len(self.n_prefill) else None
 
-    def best_index(self) -> int:
-        """The feasible minimum; ties: colocation first, then fewer prefill workers."""
-        best, best_s = 0, self.coloc_s
+    def best_index(self) -> int | None:
+        """The feasible minimum; ties: colocation first, then fewer prefill workers. None when no
+        candidate has a valid prediction (module docstring, 7.)."""
+        best: int | None = 0 if self.coloc_valid else None
+        best_s = self.coloc_s if self.coloc_valid else math.inf
         if len(self.n_prefill):
             ok = self.feasible
             if ok.any():
@@ -310,6 +332,10 @@ class Decision:
             "batch": self.batch,
             "candidates": [c.to_dict() for c in self.candidates],
             "colocated_by_workers": list(self.colocated_curve),
+            "telemetry_rejected": {
+                "hardware": {} if self.hw is None else self.hw.rejected.to_dict(),
+                "workload": {} if self.wl is None else self.wl.rejected.to_dict(),
+            },
         }
 
 
@@ -334,6 +360,8 @@ def evaluate_table(
     """Every candidate for ``n_workers`` as arrays (module docstring, 1.-2.). ``coloc_workers``:
     evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.);
     ``splits``: the evaluation of the splits (one pass, or the term-by-term reference)."""
+    if not _physical(hw, wl):  # NaN or negative coefficients: no prediction (module docstring, 7.)
+        return _unpredicted_table(n_workers, batch, hw, wl, policy)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
     coloc_fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
     coloc = float(coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))[0])
@@ -347,6 +375,23 @@ def evaluate_table(
         n_p = np.zeros(0, dtype=np.int64)
         ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
     return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held)
+
+
+@functools.lru_cache(maxsize=64)
+def _physical(hw: HardwareProfile, wl: WorkloadProfile) -> bool:
+    """Both profiles can be evaluated (``HardwareProfile.physical``, ``WorkloadProfile.physical``;
+    cached per profiles)."""
+    return hw.physical() and wl.physical()
+
+
+def _unpredicted_table(n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile,
+                       policy: DecisionPolicy) -> CandidateTable:
+    """Every candidate predicted NaN: the table of profiles the models cannot run on."""
+    lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
+    n_p = np.arange(lo, hi + 1, dtype=np.int64) if policy.allow_disaggregation and hi >= lo else np.zeros(0, np.int64)
+    ones = np.ones(n_p.size, dtype=bool)
+    return CandidateTable(n_workers, batch, math.nan, n_p, np.full(n_p.size, math.nan), ones, ones,
+                          batch * wl.k_seq, hw.kv_capacity_tokens, ones, math.nan)
 
 
 def evaluate(
@@ -373,7 +418,10 @@ def decide(
     if batch < 1:
         raise DecisionError(f"batch size {batch}: need at least 1 trajectory")
     table = evaluator(n_workers, batch, hw, wl, policy, coloc_workers)
-    best = table.candidate(table.best_index())
+    best_i = table.best_index()
+    if best_i is None:
+        return _no_valid_prediction(table, current, policy, hw, wl)
+    best = table.candidate(best_i)
 
     def done(target: Candidate, switched: bool, forced: bool, reason: str) -> Decision:
         return Decision(
@@ -387,6 +435,10 @@ def decide(
     proj = project(current, n_workers, policy)
     idx = table.index_of(proj)
     cur = None if idx is None else table.candidate(idx)
+    if cur is not None and not (math.isfinite(cur.makespan_s) and cur.makespan_s > 0):
+        changed = proj != current
+        return done(cur, changed, False, f"hold {cur.allocation.label}: its prediction ({cur.makespan_s} s) is not a "
+                                         "positive number, no saving can be measured against it")
     if cur is None or not cur.feasible:
         why = "not allowed by policy" if cur is None else cur.reason
         return done(best, True, True, f"forced: current {proj.label} is infeasible ({why}); "
@@ -411,6 +463,19 @@ def decide(
     changed = proj != current
     return done(cur, changed, False, f"hold {cur.allocation.label}: {best.allocation.label} would save only "
                                      f"{saving:.1%} <= {why}")
+
+
+def _no_valid_prediction(table: CandidateTable, current: Allocation | None, policy: DecisionPolicy,
+                         hw: HardwareProfile, wl: WorkloadProfile) -> Decision:
+    """No candidate has a positive finite prediction: keep the current allocation (projected onto
+    the budget), or colocation without one, and say so (module docstring, 7.)."""
+    n = table.n_workers
+    target = Allocation.colocated(n) if current is None else project(current, n, policy)
+    idx = table.index_of(target)
+    pred = math.nan if idx is None else table.candidate(idx).makespan_s
+    return Decision(target, current, table, target != current, False,
+                    f"hold {target.label}: no candidate has a positive finite predicted makespan "
+                    "(the profiles gave NaN or non-positive predictions)", pred, target, n, table.batch, hw, wl)
 
 
 def mode_change_s(n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, role_switch_s: float) -> float:

@@ -152,9 +152,9 @@ def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
         return False
     st = stages(wl, Mode.DISAGGREGATED)
     ctx = [(st.x + st.c + st.o / 2.0).reshape(-1)] + [turn[2].reshape(-1) for turn in _path_turns(hw, wl)]
-    every = np.concatenate(ctx)
+    every: F64 = np.concatenate(ctx)
     for n in (1.0, max(float(batch), 1.0)):
-        memory, compute = hw.decode_branches(n, every)
+        memory, compute = hw.decode_branches(np.full_like(every, n), every)
         if not bool(np.all(memory >= compute)):
             return False
     return True

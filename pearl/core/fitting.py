@@ -7,8 +7,12 @@ window of ``TelemetryRecord`` s and EMA-blends it into the previous profile with
 
     theta' = theta + alpha_w (theta_window - theta),    alpha_w = first_window_alpha(samples, alpha)
 
-Records with NaN, infinite or negative values are dropped; an empty window returns the previous
-profile unchanged.
+Screening (``telemetry`` module docstring, the table of reasons): records with NaN, infinite or
+negative values or impossible token counts are dropped; the hardware fit also drops a request that
+computed tokens in no time; each dropped record is counted by reason on the returned profile
+(``rejected``). A refit whose coefficients or statistics come out negative or non-finite is not
+used: the previous profile is returned with ``non_physical_fit`` counted. A window with no usable
+record returns the previous profile (with the window's rejections counted, if any).
 
 Hardware (``fit_hardware``), each scale ``k = 1 + alpha_w (s - 1)`` on the prior's coefficients:
 
@@ -60,13 +64,13 @@ Workload (``fit_workload``):
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from statistics import fmean, median
 
 from pearl.core.hardware import HardwareProfile
-from pearl.core.telemetry import Mode, TelemetryRecord
+from pearl.core.telemetry import Mode, Rejection, TelemetryRecord
 from pearl.core.workload import (
     TAIL_LOAD_BUCKET,
     TAIL_PATHS,
@@ -107,14 +111,27 @@ def first_window_alpha(samples: int, alpha: float) -> float:
 def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> HardwareProfile:
     """Calibrate ``prior``'s scales on telemetry (module docstring); EMA weight ``alpha`` (1 on the
     first window: ``first_window_alpha``)."""
-    recs = [r for r in records if r.valid()]
+    why: Counter[Rejection] = Counter()
+    recs: list[TelemetryRecord] = []
+    for r in records:
+        bad = r.timing_rejection()
+        if bad is None:
+            recs.append(r)
+        else:
+            why[bad] += 1
     if not recs:
-        return prior
+        return replace(prior, rejected=prior.rejected.plus(why)) if why else prior
     alpha = first_window_alpha(prior.samples, alpha)
-    out = _fit_prefill(prior, recs, alpha)
-    out = _fit_transfer(prior, out, recs, alpha)
-    out = _fit_decode(prior, out, recs, alpha)
-    return replace(out, samples=prior.samples + len(recs))
+    try:
+        out = _fit_prefill(prior, recs, alpha)
+        out = _fit_transfer(prior, out, recs, alpha)
+        out = _fit_decode(prior, out, recs, alpha)
+    except (OverflowError, ZeroDivisionError):  # finite records whose sums overflow: no fit
+        out = replace(prior, a0=math.nan)
+    if not out.physical():
+        why[Rejection.NON_PHYSICAL_FIT] += 1
+        return replace(prior, rejected=prior.rejected.plus(why))
+    return replace(out, samples=prior.samples + len(recs), rejected=prior.rejected.plus(why))
 
 
 def _blend(s: float, alpha: float) -> float:
@@ -319,20 +336,48 @@ class _Window:
         return _Window(recs, by_turn, [r.turn for r in recs if r.final])
 
 
-def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> WorkloadProfile:
+def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5,
+                 serving: Collection[str] = ()) -> WorkloadProfile:
     """EMA-blend the per-turn statistics observed in ``records`` into ``prior`` (module docstring).
 
-    Invalid records and records of turn < 1 are dropped first; an empty window returns ``prior``
-    unchanged. Turns the window did not observe keep the prior's values (a turn past the prior's
+    Invalid records and records of turn < 1 (counted as ``bad_tokens``) are dropped first; an empty
+    window returns ``prior`` (with its rejections counted). ``serving``: the workers that served
+    during the window, where the caller knows them; one that reported nothing is counted
+    (``silent_worker``) and the window's tail statistics (``tail_factor``, ``tail_by_load``,
+    ``tail_paths``) are not used, since its trajectories and its share of the load are missing.
+    A fit with a negative or non-finite statistic returns ``prior`` (``non_physical_fit``). Turns the window did not observe keep the prior's values (a turn past the prior's
     last takes the prior's last values, at survival 0). On the first window (``prior.samples ==
     0``) each observed turn's cached *share* of its prompt, ``moved_share`` and ``moved_hit`` are
     the window's (``first_window_alpha``); the prompt, output and environment per turn, the
     survival and ``K_seq`` blend with ``alpha``; ``tail_factor`` is the window's where the prior has
     none and blends with ``alpha`` after. The tail is trimmed past the last turn with S(k) > 1e-4.
     """
-    recs = _colocated_basis([r for r in records if r.valid() and r.turn >= 1])
+    why: Counter[Rejection] = Counter()
+    good: list[TelemetryRecord] = []
+    for r in records:
+        bad = r.rejection() or (None if r.turn >= 1 else Rejection.BAD_TOKENS)
+        if bad is None:
+            good.append(r)
+        else:
+            why[bad] += 1
+    recs = _colocated_basis(good)
     if not recs:
-        return prior
+        return replace(prior, rejected=prior.rejected.plus(why)) if why else prior
+    silent = set(serving) - {r.worker_id for r in recs}
+    why[Rejection.SILENT_WORKER] += len(silent)
+    try:
+        fit = _fit_workload_window(prior, recs, alpha, bool(silent))
+    except (OverflowError, ZeroDivisionError):  # finite records whose sums overflow: no fit
+        fit = None
+    if fit is None:
+        why[Rejection.NON_PHYSICAL_FIT] += 1
+        return replace(prior, rejected=prior.rejected.plus(why))
+    return replace(fit, rejected=prior.rejected.plus(why))
+
+
+def _fit_workload_window(prior: WorkloadProfile, recs: list[TelemetryRecord], alpha: float,
+                         silent: bool) -> WorkloadProfile | None:
+    """``fit_workload`` on screened records; None if a statistic comes out negative or non-finite."""
     win = _Window.of(recs)
     alpha_c = first_window_alpha(prior.samples, alpha)
     kmax = max(prior.max_turns, max(win.by_turn), max(win.final_turns, default=0))
@@ -341,13 +386,18 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
     last = max((i for i, s in enumerate(surv) if s > 1e-4), default=0)
     sl = slice(0, last + 1)
     moved_share, moved_hit = _blend_moves(prior, win, alpha_c)
-    tf, by_load = _blend_tail_factor(prior, win, alpha)
-    paths, history, weights = blend_tail_windows(prior, _tail_paths(recs, _kept_share(win.by_turn)), alpha)
-    return WorkloadProfile(
+    if silent:
+        tf, by_load = prior.tail_factor, prior.tail_by_load
+        paths, history, weights = prior.tail_paths, prior.tail_history, prior.tail_weights
+    else:
+        tf, by_load = _blend_tail_factor(prior, win, alpha)
+        paths, history, weights = blend_tail_windows(prior, _tail_paths(recs, _kept_share(win.by_turn)), alpha)
+    fit = WorkloadProfile(
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf, tail_paths=paths, moved_share=moved_share,
         moved_hit=moved_hit, tail_by_load=by_load, tail_history=history, tail_weights=weights,
     )
+    return fit if fit.physical() else None
 
 
 def _extended(xs: tuple[float, ...], kmax: int) -> list[float]:
