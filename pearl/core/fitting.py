@@ -70,7 +70,8 @@ from dataclasses import dataclass, replace
 from statistics import fmean, median
 
 from pearl.core.hardware import HardwareProfile
-from pearl.core.telemetry import Mode, Rejection, TelemetryRecord
+from pearl.core.iteration_fit import refit_decode, with_samples
+from pearl.core.telemetry import IterationRecord, Mode, Rejection, TelemetryRecord
 from pearl.core.workload import (
     TAIL_LOAD_BUCKET,
     TAIL_PATHS,
@@ -108,9 +109,12 @@ def first_window_alpha(samples: int, alpha: float) -> float:
 
 
 # ------------------------------------------------------------------------------------ hardware
-def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5) -> HardwareProfile:
+def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alpha: float = 0.5,
+                 iterations: Sequence[IterationRecord] = ()) -> HardwareProfile:
     """Calibrate ``prior``'s scales on telemetry (module docstring); EMA weight ``alpha`` (1 on the
-    first window: ``first_window_alpha``)."""
+    first window: ``first_window_alpha``). ``iterations``: the window's iteration records; they join
+    the profile's decode-sample store, and once a role holds enough samples the decode step is
+    fitted on the store (``iteration_fit``) instead of on the requests."""
     why: Counter[Rejection] = Counter()
     recs: list[TelemetryRecord] = []
     for r in records:
@@ -119,18 +123,29 @@ def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alp
             recs.append(r)
         else:
             why[bad] += 1
-    if not recs:
-        return replace(prior, rejected=prior.rejected.plus(why)) if why else prior
+    base = prior
+    if iterations:
+        base, why_it = with_samples(prior, iterations)
+        why.update(why_it)
+    refit = refit_decode(base) if base.decode_samples.buckets else None
+    if not recs and refit is None:
+        return replace(base, rejected=prior.rejected.plus(why)) if why or iterations else prior
     alpha = first_window_alpha(prior.samples, alpha)
     try:
-        out = _fit_prefill(prior, recs, alpha)
-        out = _fit_transfer(prior, out, recs, alpha)
-        out = _fit_decode(prior, out, recs, alpha)
+        out = _fit_prefill(base, recs, alpha)
+        out = _fit_transfer(base, out, recs, alpha)
+        if refit is None:
+            out = _fit_decode(base, out, recs, alpha)
+        elif refit[1]:
+            fit = refit[0]
+            out = replace(out, b0=fit.b0, b_e=fit.b_e, b1=fit.b1, b2=fit.b2, b3=fit.b3, decode_measured=fit.decode_measured)
+        else:
+            why[Rejection.NON_PHYSICAL_FIT] += 1  # the decode step keeps its previous coefficients
     except (OverflowError, ZeroDivisionError):  # finite records whose sums overflow: no fit
-        out = replace(prior, a0=math.nan)
+        out = replace(base, a0=math.nan)
     if not out.physical():
         why[Rejection.NON_PHYSICAL_FIT] += 1
-        return replace(prior, rejected=prior.rejected.plus(why))
+        return replace(base, rejected=prior.rejected.plus(why))
     return replace(out, samples=prior.samples + len(recs), rejected=prior.rejected.plus(why))
 
 

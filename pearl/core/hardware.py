@@ -48,7 +48,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.telemetry import Rejections
+from pearl.core.telemetry import DecodeSamples, Rejections
 
 #: a cost's argument and result: a float, or a float64 array (broadcast together)
 Num = TypeVar("Num", float, npt.NDArray[np.float64])
@@ -145,6 +145,12 @@ class HardwareProfile:
     samples: int = 0  # telemetry records the fit has seen
     #: telemetry the fits screened out, by reason (``telemetry.Rejections``; not compared or hashed)
     rejected: Rejections = field(default=Rejections(), compare=False)
+    #: the decode-step samples from iteration telemetry (``iteration_fit``; not compared or hashed)
+    decode_samples: DecodeSamples = field(default=DecodeSamples(), compare=False, repr=False)
+    #: ``(n_lo, n_hi, L_lo, L_hi)``: the batch and context range the decode step was fitted on
+    #: (``iteration_fit.fit_decode_step``); () before such a fit. Outside it a prediction is
+    #: extrapolated (``decision``)
+    decode_measured: tuple[float, ...] = field(default=(), compare=False)
 
     @staticmethod
     def from_specs(model: _ModelLike, hw: _HardwareLike, tp_size: int = 1) -> HardwareProfile:

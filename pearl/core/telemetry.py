@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
 
 #: how far (s) an iteration may start before its worker's previous one ended (clock rounding)
 CLOCK_SLACK_S = 1e-9
@@ -205,3 +206,52 @@ def screen_iterations(records: Iterable[IterationRecord]) -> tuple[list[Iteratio
         last_end[r.worker_id] = r.end_s
         kept.append(r)
     return kept, why
+
+
+#: ``DecodeSamples``: the newest samples a bucket keeps
+BUCKET_SAMPLES = 32
+
+#: one decode sample: ``(n, L, y)``, batch, mean context per sequence, seconds per iteration
+DecodeSample = tuple[float, float, float]
+#: a bucket's key: ``(role, floor(log2 n), floor(2 log2 L))``
+BucketKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSamples:
+    """Decode-step samples from iteration records, per role in buckets of one octave of batch and
+    half an octave of context, each keeping its ``BUCKET_SAMPLES`` newest (bucketed retirement: a
+    long run at one operating point retires only that point's old samples, so the range measured
+    stays covered). Read by ``iteration_fit.fit_decode_step``."""
+
+    buckets: tuple[tuple[BucketKey, tuple[DecodeSample, ...]], ...] = ()
+
+    def add(self, records: Iterable[IterationRecord]) -> tuple[DecodeSamples, Counter[Rejection]]:
+        """The store with the decode spans of ``records`` (``new_tokens == 0``, ``batch >= 1``)
+        added, and the screened-out records by reason (``screen_iterations``)."""
+        kept, why = screen_iterations(records)
+        store = {k: list(v) for k, v in self.buckets}
+        for r in kept:
+            if r.new_tokens or r.batch < 1:
+                continue  # a prefill chunk: not a decode step
+            ctx = r.mean_context
+            key = (r.role, math.floor(math.log2(r.batch)), math.floor(2.0 * math.log2(max(ctx, 1.0))))
+            bucket = store.setdefault(key, [])
+            bucket.append((float(r.batch), ctx, r.wall_s / r.steps))
+            del bucket[:-BUCKET_SAMPLES]
+        return DecodeSamples(tuple(sorted((k, tuple(v)) for k, v in store.items()))), why
+
+    def of_role(self, role: str) -> list[tuple[DecodeSample, float]]:
+        """The role's samples, each with its weight ``1 / |bucket|`` (every bucket counts the same)."""
+        return [(smp, 1.0 / len(b)) for (r, _n, _l), b in self.buckets if r == role for smp in b]
+
+    def n_buckets(self, role: str) -> int:
+        return sum(1 for (r, _n, _l), _b in self.buckets if r == role)
+
+
+@runtime_checkable
+class IterationLogging(Protocol):
+    """An engine that logs its iterations as ``IterationRecord`` s into a list its owner sets
+    (the emulator); vLLM and SGLang expose per-iteration figures only as aggregated metrics."""
+
+    iteration_log: list[Any] | None

@@ -57,6 +57,7 @@ from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, Trai
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionFactory
 from pearl.core.state import ClusterState, Gpu, Zone
+from pearl.core.telemetry import IterationLogging, IterationRecord
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
 from pearl.runtime.clock import Clock, LoopClock
@@ -109,6 +110,11 @@ class Controller:
         self.journal = journal
         self._taken: collections.deque[list[str]] = collections.deque()  # batches being trained on
         self._trained: list[str] = []  # trained on, not yet durable (no checkpoint since)
+        #: the engine's per-iteration telemetry, where it logs one (``IterationLogging``), drained
+        #: into the tracker at every batch's refit
+        self._iterations: list[IterationRecord] = []
+        if isinstance(engine, IterationLogging):
+            engine.iteration_log = self._iterations
         self.recovered: RecoveredRun | None = None
         if journal is not None:
             self.recovered = journal.recover()
@@ -296,7 +302,8 @@ class Controller:
         predicted = self._predicted_at_start.pop(r, math.nan)
         if math.isfinite(predicted):
             self.batch_predictions.append((predicted, observed))
-        self.tracker.refit()
+        window, self._iterations[:] = list(self._iterations), []
+        self.tracker.refit(window)
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
 
     # ------------------------------------------------------------------ ControlPlane

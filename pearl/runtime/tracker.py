@@ -11,8 +11,11 @@ current profiles, clears the window and returns them. The decision engine reads 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pearl.core.profile import (
     HardwareProfile,
+    IterationRecord,
     TelemetryRecord,
     WorkloadProfile,
     fit_hardware,
@@ -41,10 +44,12 @@ class RuntimeTracker:
         if len(self.recent) > 2 * self._keep:
             del self.recent[: len(self.recent) - self._keep]
 
-    def refit(self) -> tuple[HardwareProfile, WorkloadProfile]:
-        """Fit the window into the profiles (unchanged if the window is empty) and clear it."""
+    def refit(self, iterations: Sequence[IterationRecord] = ()) -> tuple[HardwareProfile, WorkloadProfile]:
+        """Fit the window into the profiles (unchanged if the window is empty) and clear it.
+        ``iterations``: the engine's iteration records of the window (``fitting.fit_hardware``)."""
+        if self.window or iterations:
+            self.hardware = fit_hardware(self.hardware, self.window, self.alpha, iterations)
         if self.window:
-            self.hardware = fit_hardware(self.hardware, self.window, self.alpha)
             self.workload = fit_workload(self.workload, self.window, self.alpha)
             self.refits += 1
         self.window = []
