@@ -50,6 +50,13 @@
    candidate has a valid prediction, the current allocation (projected) is held, colocation
    without one. The profiles' screened-out telemetry is in ``to_dict`` (``telemetry_rejected``).
 
+8. Extrapolation: once the decode step is fitted from iteration telemetry it is known over a
+   range of decode batches and contexts (``HardwareProfile.decode_measured``, ``iteration_fit``).
+   A candidate whose decode batch ``max(B / N_D, 1)`` (colocated ``max(B / N, 1)``) or longest
+   stage context lies outside that range by more than ``EXTRAPOLATION_SLACK`` is ``extrapolated``
+   (its record says so), and a switch to it from a candidate that is not must show
+   ``EXTRAPOLATION_MARGIN`` more saving.
+
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
 smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
@@ -71,11 +78,19 @@ import numpy.typing as npt
 from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
 from pearl.core.disaggregated import DisaggResult, disaggregated_makespan
 from pearl.core.hardware import HardwareProfile
+from pearl.core.stages import stages
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
 __all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "SplitsFn",
            "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "project"]
+
+
+#: how far (relative) past the decode step's fitted range a candidate may run before it is
+#: ``extrapolated`` (module docstring, 8.)
+EXTRAPOLATION_SLACK = 0.25
+#: the extra predicted saving a switch to an extrapolated candidate must show (module docstring, 8.)
+EXTRAPOLATION_MARGIN = 0.03
 
 
 class DecisionError(ValueError):
@@ -180,6 +195,8 @@ class Candidate:
     makespan_s: float
     feasible: bool
     reason: str = ""
+    #: its decode batch or context lies outside the range the decode step was fitted on (8.)
+    extrapolated: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -190,6 +207,7 @@ class Candidate:
             "predicted_makespan_s": round(self.makespan_s, 4),
             "feasible": self.feasible,
             "reason": self.reason,
+            "extrapolated": self.extrapolated,
         }
 
 
@@ -210,6 +228,9 @@ class CandidateTable:
     #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``)
     cache_ok: npt.NDArray[np.bool_]
     cache_demand: float
+    #: per split, and colocation: predicted outside the decode step's fitted range (8.; None: none)
+    extrapolated: npt.NDArray[np.bool_] | None = None
+    coloc_extrapolated: bool = False
     #: per split: its prediction is a positive finite number (module docstring, 7.)
     valid: npt.NDArray[np.bool_] = field(init=False)
     #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility") and
@@ -246,12 +267,14 @@ class CandidateTable:
         if i == 0:
             ok = self.coloc_valid
             return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, ok,
-                             "" if ok else f"prediction {self.coloc_s} s is not a positive number")
+                             "" if ok else f"prediction {self.coloc_s} s is not a positive number",
+                             self.coloc_extrapolated)
         j = i - 1
         p = int(self.n_prefill[j])
         ok = bool(self.feasible[j])
         return Candidate(Allocation.disaggregated(p, self.n_workers - p), float(self.makespan_s[j]), ok,
-                         "" if ok else self._reason(j))
+                         "" if ok else self._reason(j),
+                         bool(self.extrapolated[j]) if self.extrapolated is not None else False)
 
     def all(self) -> tuple[Candidate, ...]:
         return tuple(self.candidate(i) for i in range(len(self)))
@@ -374,7 +397,31 @@ def evaluate_table(
     else:
         n_p = np.zeros(0, dtype=np.int64)
         ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
-    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held)
+    ext, coloc_ext = _extrapolated(hw, wl, batch, n_co, (n_workers - n_p).astype(np.float64))
+    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held,
+                          ext, coloc_ext)
+
+
+def _extrapolated(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_coloc: float, n_decode: npt.NDArray[np.float64]
+                  ) -> tuple[npt.NDArray[np.bool_] | None, bool]:
+    """Per split and for colocation: whether the decode batch it reaches, ``max(B / N_D, 1)``
+    (``max(B / N, 1)`` colocated), or the longest stage context lies outside the fitted range
+    ``hw.decode_measured`` by more than ``EXTRAPOLATION_SLACK`` (module docstring, 8.)."""
+    box = hw.decode_measured
+    if len(box) != 4:
+        return None, False
+    n_lo, n_hi, _l_lo, l_hi = box
+    k = 1.0 + EXTRAPOLATION_SLACK
+
+    def outside(ns: npt.NDArray[np.float64], mode: Mode) -> npt.NDArray[np.bool_]:
+        st = stages(wl, mode)
+        long_ctx = bool(st.x.size) and float((st.x + st.c + st.o / 2.0).max()) > l_hi * k
+        flags: npt.NDArray[np.bool_] = (ns > n_hi * k) | (ns < n_lo / k) | long_ctx
+        return flags
+
+    splits = outside(np.maximum(batch / np.maximum(n_decode, 1.0), 1.0), Mode.DISAGGREGATED)
+    coloc = outside(np.array([max(batch / max(n_coloc, 1.0), 1.0)]), Mode.COLOCATED)
+    return splits, bool(coloc[0])
 
 
 @functools.lru_cache(maxsize=64)
@@ -457,6 +504,9 @@ def decide(
     else:
         threshold = policy.ratio_switch_threshold
         why = f"ratio threshold {threshold:.1%}"
+    if best.extrapolated and not cur.extrapolated:
+        threshold += EXTRAPOLATION_MARGIN
+        why += f" + {EXTRAPOLATION_MARGIN:.1%}: {best.allocation.label} is extrapolated"
     if saving > threshold:
         return done(best, True, False, f"switch {'mode' if mode_change else 'ratio'} {cur.allocation.label} -> "
                                        f"{best.allocation.label}: predicted saving {saving:.1%} > {why}")
