@@ -57,6 +57,11 @@
    (its record says so), and a switch to it from a candidate that is not must show
    ``EXTRAPOLATION_MARGIN`` more saving.
 
+9. Closed loop: once batches have finished, every prediction is multiplied by the measured /
+   predicted correction of its configuration and its neighbours (``WorkloadProfile.correction``,
+   ``makespan_correction``), fed by the runtime after each batch that ran one configuration
+   throughout (``RuntimeTracker.observe_makespan``). ``colocated_curve`` is the model's, uncorrected.
+
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
 smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
@@ -83,7 +88,7 @@ from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
 __all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "SplitsFn",
-           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "project"]
+           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "model_makespan", "project"]
 
 
 #: how far (relative) past the decode step's fitted range a candidate may run before it is
@@ -397,6 +402,10 @@ def evaluate_table(
     else:
         n_p = np.zeros(0, dtype=np.int64)
         ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
+    if wl.correction.batches:  # the closed loop on measured makespans (module docstring, 9.)
+        coloc *= float(np.exp(wl.correction.log_factors(float(n_workers), None)[0]))
+        if n_p.size:
+            ms = ms * np.exp(wl.correction.log_factors(float(n_workers), n_p.astype(np.float64)))
     ext, coloc_ext = _extrapolated(hw, wl, batch, n_co, (n_workers - n_p).astype(np.float64))
     return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held,
                           ext, coloc_ext)
@@ -526,6 +535,19 @@ def _no_valid_prediction(table: CandidateTable, current: Allocation | None, poli
     return Decision(target, current, table, target != current, False,
                     f"hold {target.label}: no candidate has a positive finite predicted makespan "
                     "(the profiles gave NaN or non-positive predictions)", pred, target, n, table.batch, hw, wl)
+
+
+def model_makespan(allocation: Allocation, batch: int, hw: HardwareProfile, wl: WorkloadProfile) -> float:
+    """The models' fresh-batch prediction for one allocation, without the closed loop's correction
+    (what ``evaluate_table`` predicts for it before step 9; NaN on profiles it cannot run on)."""
+    if not _physical(hw, wl) or allocation.n_workers < 1:
+        return math.nan
+    if allocation.mode is Mode.COLOCATED:
+        fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
+        return float(fn(hw, wl, batch, np.array([float(allocation.n_colocated)]))[0])
+    res = disaggregated_makespan(hw, wl, batch, np.array([float(allocation.n_prefill)]),
+                                 np.array([float(allocation.n_decode)]), 1.0)
+    return float(res.makespan_s[0])
 
 
 def mode_change_s(n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, role_switch_s: float) -> float:

@@ -411,6 +411,7 @@ def _fit_workload_window(prior: WorkloadProfile, recs: list[TelemetryRecord], al
         tuple(surv[sl]), tuple(new[sl]), tuple(cached[sl]), tuple(out[sl]), tuple(env[sl]), kseq,
         samples=prior.samples + len(recs), tail_factor=tf, tail_paths=paths, moved_share=moved_share,
         moved_hit=moved_hit, tail_by_load=by_load, tail_history=history, tail_weights=weights,
+        correction=prior.correction,
     )
     return fit if fit.physical() else None
 

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pearl.core.hardware import ProfileError
+from pearl.core.makespan_correction import MakespanCorrection
 from pearl.core.telemetry import Rejections
 
 #: windows of slowest paths a workload profile keeps (``fitting.blend_tail_windows``)
@@ -155,6 +156,10 @@ class WorkloadProfile:
     tail_weights: tuple[float, ...] = ()
     #: telemetry the fits screened out, by reason (``telemetry.Rejections``; not compared or hashed)
     rejected: Rejections = field(default=Rejections(), compare=False)
+    #: the closed loop on measured batch makespans (``makespan_correction``), applied by
+    #: ``decision.evaluate_table`` on top of the models (not compared or hashed: the models'
+    #: caches do not read it)
+    correction: MakespanCorrection = field(default=MakespanCorrection(), compare=False, repr=False)
     #: the hash of the fields, derived once at construction (the makespan models' caches are keyed
     #: by the profile, and hashing its nested tuples costs tens of microseconds)
     _hash: int = field(init=False, repr=False, compare=False)

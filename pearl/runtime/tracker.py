@@ -12,7 +12,9 @@ current profiles, clears the window and returns them. The decision engine reads 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from pearl.core.decision import Allocation, Mode, model_makespan
 from pearl.core.profile import (
     HardwareProfile,
     IterationRecord,
@@ -43,6 +45,15 @@ class RuntimeTracker:
         self.recent.append(rec)
         if len(self.recent) > 2 * self._keep:
             del self.recent[: len(self.recent) - self._keep]
+
+    def observe_makespan(self, allocation: Allocation, batch: int, measured_s: float) -> None:
+        """A batch of ``batch`` trajectories ran ``allocation`` throughout and took ``measured_s``:
+        against the models' prediction on the current (refit) profiles, it corrects the profile's
+        closed loop (``pearl.core.makespan_correction``). Call after ``refit``."""
+        model = model_makespan(allocation, batch, self.hardware, self.workload)
+        n_p = None if allocation.mode is Mode.COLOCATED else allocation.n_prefill
+        corr = self.workload.correction.observe(allocation.n_workers, n_p, model, measured_s)
+        self.workload = replace(self.workload, correction=corr)
 
     def refit(self, iterations: Sequence[IterationRecord] = ()) -> tuple[HardwareProfile, WorkloadProfile]:
         """Fit the window into the profiles (unchanged if the window is empty) and clear it.

@@ -27,3 +27,12 @@ def test_the_fitted_decode_step_reproduces_the_emulators_iterations(label: str, 
     errs = [abs(float(hw.decode_step_s(n, ctx)) / y - 1.0) for (n, ctx, y), _w in samples]
     assert max(errs) < 0.01
     assert hw.b2 != prior.b2  # learned, not the data sheet's
+
+
+def test_each_batch_of_one_configuration_closes_the_loop_on_its_makespan() -> None:
+    cfg = load_config("qwen3-8b-h200")
+    _ms, tracker = measure_makespan(cfg, 8, "6P2D", 3)
+    corr = tracker.workload.correction
+    assert corr.batches == 3 and not corr.colocated
+    assert [(f, n) for f, n, *_rest in corr.split] == [(0.75, 3.0)]  # 6 of 8 prefill, log2 8
+    assert corr.factor(8, 6) != 1.0
