@@ -5,7 +5,7 @@ gives one sample per decode span: its batch ``n``, mean context per sequence ``L
 (``IterationRecord.mean_context``) and seconds per iteration ``y = wall / steps``. A decode
 iteration runs no prefill chunk (the engine prefills in iterations of their own), so ``y`` is the
 stall-free step the makespan models charge: unlike the per-request fit
-(``fitting._fit_decode``), it needs no correction for the other requests' prefills.
+(``request_decode_fit``), it needs no correction for the other requests' prefills.
 
 The samples live on the hardware profile (``HardwareProfile.decode_samples``, a
 ``telemetry.DecodeSamples`` store: per role, buckets of one octave of batch and half an octave of
