@@ -185,17 +185,14 @@ def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: in
     xfer = hw.transfer_s(st.x + st.c)
     ctx = st.x + st.c + st.o / 2.0
     slopes = hw.decode_slopes(ctx)
-    if _memory_bound(hw, wl, batch):
-        kv = slopes[0]
-        fixed_s = _memory_fixed(hw)
+    memory = _memory_bound(hw, wl, batch)
+    kv = slopes[0]
+    fixed_s = _memory_fixed(hw)
 
-        def tau_at(nn: F64) -> F64:
-            out: F64 = fixed_s(nn) + nn * kv
-            return out
-    else:
-        def tau_at(nn: F64) -> F64:
-            out: F64 = hw.decode_step_s(nn, ctx, slopes)
-            return out
+    def tau_at(nn: F64) -> F64:
+        out: F64 = fixed_s(nn) + nn * kv if memory else hw.decode_step_s(nn, ctx, slopes)
+        return out
+
     n = m.copy()
     c_cyc = p + xfer + st.o * tau_at(n) + st.e
     prefill_wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
@@ -214,7 +211,7 @@ def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: in
         c_lat = w + fixed + d
         c_d = m_o * tau / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        n = 0.5 * (n + np.minimum(np.maximum(m * d / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
         if rnd > 0 and converged(prev, c_cyc):
             break
     return w, n, c_lat, c_cyc, c_d
