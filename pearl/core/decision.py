@@ -44,6 +44,24 @@
    their fresh-batch prediction (modelling choice: the re-prefill of a mode switch mid-batch is
    not charged; the mode-switch hysteresis stands for it). Default ``None``: the whole pool.
 
+7. Never on a broken prediction: a candidate whose predicted makespan is NaN, infinite or not
+   positive is infeasible ("prediction ... is not a positive number"); if the current
+   allocation's prediction is such, it is held (no saving can be measured against it); if no
+   candidate has a valid prediction, the current allocation (projected) is held, colocation
+   without one. The profiles' screened-out telemetry is in ``to_dict`` (``telemetry_rejected``).
+
+8. Extrapolation: once the decode step is fitted from iteration telemetry it is known over a
+   range of decode batches and contexts (``HardwareProfile.decode_measured``, ``iteration_fit``).
+   A candidate whose decode batch ``max(B / N_D, 1)`` (colocated ``max(B / N, 1)``) or longest
+   stage context lies outside that range by more than ``EXTRAPOLATION_SLACK`` is ``extrapolated``
+   (its record says so), and a switch to it from a candidate that is not must show
+   ``EXTRAPOLATION_MARGIN`` more saving.
+
+9. Closed loop: once batches have finished, every prediction is multiplied by the measured /
+   predicted correction of its configuration and its neighbours (``WorkloadProfile.correction``,
+   ``makespan_correction``), fed by the runtime after each batch that ran one configuration
+   throughout (``RuntimeTracker.observe_makespan``). ``colocated_curve`` is the model's, uncorrected.
+
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
 smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
@@ -52,6 +70,8 @@ at ``1 / M_coloc(n_eff)`` (``makespan.sticky_pool``); the replay's piecewise pre
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -61,13 +81,21 @@ import numpy as np
 import numpy.typing as npt
 
 from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
-from pearl.core.disaggregated import disaggregated_makespan
+from pearl.core.disaggregated import DisaggResult, disaggregated_makespan
 from pearl.core.hardware import HardwareProfile
+from pearl.core.stages import stages
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
-__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "decide", "evaluate",
-           "evaluate_table", "mode_change_s", "project"]
+__all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "SplitsFn",
+           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "model_makespan", "project"]
+
+
+#: how far (relative) past the decode step's fitted range a candidate may run before it is
+#: ``extrapolated`` (module docstring, 8.)
+EXTRAPOLATION_SLACK = 0.25
+#: the extra predicted saving a switch to an extrapolated candidate must show (module docstring, 8.)
+EXTRAPOLATION_MARGIN = 0.03
 
 
 class DecisionError(ValueError):
@@ -91,6 +119,22 @@ class DecisionPolicy(Protocol):
     def min_decode_workers(self) -> int: ...
     @property
     def max_prefill_utilization(self) -> float: ...
+
+
+class SplitsFn(Protocol):
+    """Evaluates every split of a budget: ``disaggregated.disaggregated_makespan`` (one pass) or
+    ``makespan_reference.reference_disaggregated_makespan`` (term by term)."""
+
+    def __call__(self, hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_prefill: npt.NDArray[np.float64],
+                 n_decode: npt.NDArray[np.float64], u_max: float) -> DisaggResult: ...
+
+
+class TableFn(Protocol):
+    """Evaluates every candidate of a budget (``evaluate_table`` or
+    ``makespan_reference.reference_table``)."""
+
+    def __call__(self, n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile,
+                 policy: DecisionPolicy, coloc_workers: float | None = None) -> CandidateTable: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +200,8 @@ class Candidate:
     makespan_s: float
     feasible: bool
     reason: str = ""
+    #: its decode batch or context lies outside the range the decode step was fitted on (8.)
+    extrapolated: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -166,6 +212,7 @@ class Candidate:
             "predicted_makespan_s": round(self.makespan_s, 4),
             "feasible": self.feasible,
             "reason": self.reason,
+            "extrapolated": self.extrapolated,
         }
 
 
@@ -186,17 +233,30 @@ class CandidateTable:
     #: the prefill pool holds every running conversation's prefix (``makespan.DisaggResult``)
     cache_ok: npt.NDArray[np.bool_]
     cache_demand: float
-    #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility")
+    #: per split, and colocation: predicted outside the decode step's fitted range (8.; None: none)
+    extrapolated: npt.NDArray[np.bool_] | None = None
+    coloc_extrapolated: bool = False
+    #: per split: its prediction is a positive finite number (module docstring, 7.)
+    valid: npt.NDArray[np.bool_] = field(init=False)
+    #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility") and
+    #: the prediction is valid
     feasible: npt.NDArray[np.bool_] = field(init=False)
+    #: colocation's prediction is a positive finite number
+    coloc_valid: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "feasible", self.prefill_ok & self.kv_ok & self.cache_ok)
+        valid = np.isfinite(self.makespan_s) & (self.makespan_s > 0)
+        object.__setattr__(self, "valid", valid)
+        object.__setattr__(self, "feasible", self.prefill_ok & self.kv_ok & self.cache_ok & valid)
+        object.__setattr__(self, "coloc_valid", bool(math.isfinite(self.coloc_s) and self.coloc_s > 0))
 
     def __len__(self) -> int:
         return 1 + len(self.n_prefill)
 
     def _reason(self, i: int) -> str:
         reasons = []
+        if not self.valid[i]:
+            reasons.append(f"prediction {self.makespan_s[i]} s is not a positive number")
         if not self.prefill_ok[i]:
             reasons.append("prefill capacity exceeded")
         if not self.kv_ok[i]:
@@ -210,12 +270,16 @@ class CandidateTable:
     def candidate(self, i: int) -> Candidate:
         """Index 0 is colocation; index 1 + j the j-th split."""
         if i == 0:
-            return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, True, "")
+            ok = self.coloc_valid
+            return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, ok,
+                             "" if ok else f"prediction {self.coloc_s} s is not a positive number",
+                             self.coloc_extrapolated)
         j = i - 1
         p = int(self.n_prefill[j])
         ok = bool(self.feasible[j])
         return Candidate(Allocation.disaggregated(p, self.n_workers - p), float(self.makespan_s[j]), ok,
-                         "" if ok else self._reason(j))
+                         "" if ok else self._reason(j),
+                         bool(self.extrapolated[j]) if self.extrapolated is not None else False)
 
     def all(self) -> tuple[Candidate, ...]:
         return tuple(self.candidate(i) for i in range(len(self)))
@@ -230,9 +294,11 @@ class CandidateTable:
         j = a.n_prefill - int(self.n_prefill[0])
         return 1 + j if 0 <= j < len(self.n_prefill) else None
 
-    def best_index(self) -> int:
-        """The feasible minimum; ties: colocation first, then fewer prefill workers."""
-        best, best_s = 0, self.coloc_s
+    def best_index(self) -> int | None:
+        """The feasible minimum; ties: colocation first, then fewer prefill workers. None when no
+        candidate has a valid prediction (module docstring, 7.)."""
+        best: int | None = 0 if self.coloc_valid else None
+        best_s = self.coloc_s if self.coloc_valid else math.inf
         if len(self.n_prefill):
             ok = self.feasible
             if ok.any():
@@ -294,6 +360,10 @@ class Decision:
             "batch": self.batch,
             "candidates": [c.to_dict() for c in self.candidates],
             "colocated_by_workers": list(self.colocated_curve),
+            "telemetry_rejected": {
+                "hardware": {} if self.hw is None else self.hw.rejected.to_dict(),
+                "workload": {} if self.wl is None else self.wl.rejected.to_dict(),
+            },
         }
 
 
@@ -313,23 +383,71 @@ def project(current: Allocation, n_workers: int, policy: DecisionPolicy) -> Allo
 
 def evaluate_table(
     n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, policy: DecisionPolicy,
-    coloc_workers: float | None = None,
+    coloc_workers: float | None = None, splits: SplitsFn = disaggregated_makespan,
 ) -> CandidateTable:
     """Every candidate for ``n_workers`` as arrays (module docstring, 1.-2.). ``coloc_workers``:
-    evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.)."""
+    evaluate colocation on this effective pool instead of ``n_workers`` (module docstring, 6.);
+    ``splits``: the evaluation of the splits (one pass, or the term-by-term reference)."""
+    if not _physical(hw, wl):  # NaN or negative coefficients: no prediction (module docstring, 7.)
+        return _unpredicted_table(n_workers, batch, hw, wl, policy)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
     coloc_fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
     coloc = float(coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
-        res = disaggregated_makespan(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
+        res = splits(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
                                      policy.max_prefill_utilization)
         ms, pok, kok, cok, held = res.makespan_s, res.prefill_ok, res.kv_ok, res.cache_ok, res.cache_demand
     else:
         n_p = np.zeros(0, dtype=np.int64)
         ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
-    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held)
+    if wl.correction.batches:  # the closed loop on measured makespans (module docstring, 9.)
+        coloc *= float(np.exp(wl.correction.log_factors(float(n_workers), None)[0]))
+        if n_p.size:
+            ms = ms * np.exp(wl.correction.log_factors(float(n_workers), n_p.astype(np.float64)))
+    ext, coloc_ext = _extrapolated(hw, wl, batch, n_co, (n_workers - n_p).astype(np.float64))
+    return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held,
+                          ext, coloc_ext)
+
+
+def _extrapolated(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_coloc: float, n_decode: npt.NDArray[np.float64]
+                  ) -> tuple[npt.NDArray[np.bool_] | None, bool]:
+    """Per split and for colocation: whether the decode batch it reaches, ``max(B / N_D, 1)``
+    (``max(B / N, 1)`` colocated), or the longest stage context lies outside the fitted range
+    ``hw.decode_measured`` by more than ``EXTRAPOLATION_SLACK`` (module docstring, 8.)."""
+    box = hw.decode_measured
+    if len(box) != 4:
+        return None, False
+    n_lo, n_hi, _l_lo, l_hi = box
+    k = 1.0 + EXTRAPOLATION_SLACK
+
+    def outside(ns: npt.NDArray[np.float64], mode: Mode) -> npt.NDArray[np.bool_]:
+        st = stages(wl, mode)
+        long_ctx = bool(st.x.size) and float((st.x + st.c + st.o / 2.0).max()) > l_hi * k
+        flags: npt.NDArray[np.bool_] = (ns > n_hi * k) | (ns < n_lo / k) | long_ctx
+        return flags
+
+    splits = outside(np.maximum(batch / np.maximum(n_decode, 1.0), 1.0), Mode.DISAGGREGATED)
+    coloc = outside(np.array([max(batch / max(n_coloc, 1.0), 1.0)]), Mode.COLOCATED)
+    return splits, bool(coloc[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _physical(hw: HardwareProfile, wl: WorkloadProfile) -> bool:
+    """Both profiles can be evaluated (``HardwareProfile.physical``, ``WorkloadProfile.physical``;
+    cached per profiles)."""
+    return hw.physical() and wl.physical()
+
+
+def _unpredicted_table(n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile,
+                       policy: DecisionPolicy) -> CandidateTable:
+    """Every candidate predicted NaN: the table of profiles the models cannot run on."""
+    lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
+    n_p = np.arange(lo, hi + 1, dtype=np.int64) if policy.allow_disaggregation and hi >= lo else np.zeros(0, np.int64)
+    ones = np.ones(n_p.size, dtype=bool)
+    return CandidateTable(n_workers, batch, math.nan, n_p, np.full(n_p.size, math.nan), ones, ones,
+                          batch * wl.k_seq, hw.kv_capacity_tokens, ones, math.nan)
 
 
 def evaluate(
@@ -347,14 +465,19 @@ def decide(
     policy: DecisionPolicy,
     current: Allocation | None = None,
     coloc_workers: float | None = None,
+    evaluator: TableFn = evaluate_table,
 ) -> Decision:
-    """Choose the target allocation (see module docstring; ``coloc_workers``: 6.)."""
+    """Choose the target allocation (see module docstring; ``coloc_workers``: 6.; ``evaluate``: the
+    candidates' evaluation (``evaluator``), ``evaluate_table`` unless a benchmark or test compares another)."""
     if n_workers < 1:
         raise DecisionError(f"budget of {n_workers} workers: need at least 1 rollout worker to decide")
     if batch < 1:
         raise DecisionError(f"batch size {batch}: need at least 1 trajectory")
-    table = evaluate_table(n_workers, batch, hw, wl, policy, coloc_workers)
-    best = table.candidate(table.best_index())
+    table = evaluator(n_workers, batch, hw, wl, policy, coloc_workers)
+    best_i = table.best_index()
+    if best_i is None:
+        return _no_valid_prediction(table, current, policy, hw, wl)
+    best = table.candidate(best_i)
 
     def done(target: Candidate, switched: bool, forced: bool, reason: str) -> Decision:
         return Decision(
@@ -368,6 +491,10 @@ def decide(
     proj = project(current, n_workers, policy)
     idx = table.index_of(proj)
     cur = None if idx is None else table.candidate(idx)
+    if cur is not None and not (math.isfinite(cur.makespan_s) and cur.makespan_s > 0):
+        changed = proj != current
+        return done(cur, changed, False, f"hold {cur.allocation.label}: its prediction ({cur.makespan_s} s) is not a "
+                                         "positive number, no saving can be measured against it")
     if cur is None or not cur.feasible:
         why = "not allowed by policy" if cur is None else cur.reason
         return done(best, True, True, f"forced: current {proj.label} is infeasible ({why}); "
@@ -386,12 +513,41 @@ def decide(
     else:
         threshold = policy.ratio_switch_threshold
         why = f"ratio threshold {threshold:.1%}"
+    if best.extrapolated and not cur.extrapolated:
+        threshold += EXTRAPOLATION_MARGIN
+        why += f" + {EXTRAPOLATION_MARGIN:.1%}: {best.allocation.label} is extrapolated"
     if saving > threshold:
         return done(best, True, False, f"switch {'mode' if mode_change else 'ratio'} {cur.allocation.label} -> "
                                        f"{best.allocation.label}: predicted saving {saving:.1%} > {why}")
     changed = proj != current
     return done(cur, changed, False, f"hold {cur.allocation.label}: {best.allocation.label} would save only "
                                      f"{saving:.1%} <= {why}")
+
+
+def _no_valid_prediction(table: CandidateTable, current: Allocation | None, policy: DecisionPolicy,
+                         hw: HardwareProfile, wl: WorkloadProfile) -> Decision:
+    """No candidate has a positive finite prediction: keep the current allocation (projected onto
+    the budget), or colocation without one, and say so (module docstring, 7.)."""
+    n = table.n_workers
+    target = Allocation.colocated(n) if current is None else project(current, n, policy)
+    idx = table.index_of(target)
+    pred = math.nan if idx is None else table.candidate(idx).makespan_s
+    return Decision(target, current, table, target != current, False,
+                    f"hold {target.label}: no candidate has a positive finite predicted makespan "
+                    "(the profiles gave NaN or non-positive predictions)", pred, target, n, table.batch, hw, wl)
+
+
+def model_makespan(allocation: Allocation, batch: int, hw: HardwareProfile, wl: WorkloadProfile) -> float:
+    """The models' fresh-batch prediction for one allocation, without the closed loop's correction
+    (what ``evaluate_table`` predicts for it before step 9; NaN on profiles it cannot run on)."""
+    if not _physical(hw, wl) or allocation.n_workers < 1:
+        return math.nan
+    if allocation.mode is Mode.COLOCATED:
+        fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
+        return float(fn(hw, wl, batch, np.array([float(allocation.n_colocated)]))[0])
+    res = disaggregated_makespan(hw, wl, batch, np.array([float(allocation.n_prefill)]),
+                                 np.array([float(allocation.n_decode)]), 1.0)
+    return float(res.makespan_s[0])
 
 
 def mode_change_s(n_workers: int, batch: int, hw: HardwareProfile, wl: WorkloadProfile, role_switch_s: float) -> float:

@@ -42,11 +42,13 @@ data sheets; telemetry calibrates its scales (``fitting.fit_hardware``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+
+from pearl.core.telemetry import DecodeSamples, Rejections
 
 #: a cost's argument and result: a float, or a float64 array (broadcast together)
 Num = TypeVar("Num", float, npt.NDArray[np.float64])
@@ -141,6 +143,14 @@ class HardwareProfile:
     b3: float = 0.0  # decode attention compute per sequence per token of context (roofline's compute branch)
     expert_floor: float = 0.0  # f: the fused-MoE kernel's floor in f_E(n)
     samples: int = 0  # telemetry records the fit has seen
+    #: telemetry the fits screened out, by reason (``telemetry.Rejections``; not compared or hashed)
+    rejected: Rejections = field(default=Rejections(), compare=False)
+    #: the decode-step samples from iteration telemetry (``iteration_fit``; not compared or hashed)
+    decode_samples: DecodeSamples = field(default=DecodeSamples(), compare=False, repr=False)
+    #: ``(n_lo, n_hi, L_lo, L_hi)``: the batch and context range the decode step was fitted on
+    #: (``iteration_fit.fit_decode_step``); () before such a fit. Outside it a prediction is
+    #: extrapolated (``decision``)
+    decode_measured: tuple[float, ...] = field(default=(), compare=False)
 
     @staticmethod
     def from_specs(model: _ModelLike, hw: _HardwareLike, tp_size: int = 1) -> HardwareProfile:
@@ -172,6 +182,15 @@ class HardwareProfile:
             kv_capacity_tokens=(mem - total_w) / kvb,
             expert_floor=hw.moe_kernel_floor if model.n_experts else 0.0,
         )
+
+    def physical(self) -> bool:
+        """Every cost coefficient and the KV capacity finite and non-negative, ``k/E`` in [0, 1), the
+        kernel floor in [0, 1]: a profile the makespan models can run on (a refit that breaks it is
+        not used, ``fitting.fit_hardware``; the decision evaluates nothing on it)."""
+        coeffs = (self.a0, self.a1, self.a2, self.b0, self.b_e, self.b1, self.b2, self.b3, self.g0, self.g1,
+                  self.kv_capacity_tokens)
+        return (all(math.isfinite(v) and v >= 0.0 for v in coeffs) and 0.0 <= self.experts_frac < 1.0
+                and 0.0 <= self.expert_floor <= 1.0)
 
     # prefill ---------------------------------------------------------------------------------
     def prefill_s(self, new_tokens: Num, cached_tokens: Num, quad: Num | None = None) -> Num:

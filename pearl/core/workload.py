@@ -44,6 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from pearl.core.hardware import ProfileError
+from pearl.core.makespan_correction import MakespanCorrection
+from pearl.core.telemetry import Rejections
 
 #: windows of slowest paths a workload profile keeps (``fitting.blend_tail_windows``)
 TAIL_WINDOWS = 4
@@ -152,6 +154,12 @@ class WorkloadProfile:
     tail_by_load: tuple[LoadBucket, ...] = ()
     tail_history: tuple[TailPaths, ...] = ()
     tail_weights: tuple[float, ...] = ()
+    #: telemetry the fits screened out, by reason (``telemetry.Rejections``; not compared or hashed)
+    rejected: Rejections = field(default=Rejections(), compare=False)
+    #: the closed loop on measured batch makespans (``makespan_correction``), applied by
+    #: ``decision.evaluate_table`` on top of the models (not compared or hashed: the models'
+    #: caches do not read it)
+    correction: MakespanCorrection = field(default=MakespanCorrection(), compare=False, repr=False)
     #: the hash of the fields, derived once at construction (the makespan models' caches are keyed
     #: by the profile, and hashing its nested tuples costs tens of microseconds)
     _hash: int = field(init=False, repr=False, compare=False)
@@ -168,6 +176,17 @@ class WorkloadProfile:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def physical(self) -> bool:
+        """Every statistic finite and non-negative, survival and the move shares in [0, 1]: a
+        profile the makespan models can run on (a refit that breaks it is not used,
+        ``fitting.fit_workload``; the decision evaluates nothing on it)."""
+        per_turn = (*self.new_tokens, *self.cached_tokens, *self.output_tokens, *self.env_s, self.k_seq,
+                    1.0 if self.tail_factor is None else self.tail_factor)
+        paths = (v for window in (self.tail_paths, *self.tail_history) for path in window for turn in path for v in turn)
+        return (all(math.isfinite(v) and v >= 0.0 for v in per_turn)
+                and all(0.0 <= v <= 1.0 + 1e-9 for v in (*self.survival, self.moved_share, self.moved_hit))
+                and all(math.isfinite(v) and v >= 0.0 for v in paths))
 
     @property
     def max_turns(self) -> int:

@@ -956,10 +956,23 @@ class EmulatedEngine:
         w.decode_tokens += w.n_decoding * k
         w.steps += k
         w.ctx_sum += w.n_decoding * k
+        self._log_span(w, k, now, end)
         while w.decoding and (w.decoding[0][2].join_step < 0 or w.decoding[0][0] <= w.steps):
             _, _, r = heapq.heappop(w.decoding)
             if r.join_step >= 0:
                 self._finish(w, r, end)
+
+    #: per-iteration telemetry: each decode span as a ``pearl.core.telemetry.IterationRecord`` when
+    #: the owner sets a list here (``RuntimeController``); None: not kept
+    iteration_log: list[Any] | None = None
+
+    def _log_span(self, w: _Worker, k: int, start: float, end: float) -> None:
+        """Log ``k`` decode iterations of ``w`` at its batch, from the span's first context on."""
+        if self.iteration_log is not None and k > 0:
+            from pearl.core.telemetry import IterationRecord
+
+            self.iteration_log.append(IterationRecord(w.id, w.role.value, w.n_decoding,
+                                                      float(w.ctx_sum - w.n_decoding * k), 0, start, end, k))
 
 
 def emulator_summary(engine: EmulatedEngine) -> dict[str, Any]:

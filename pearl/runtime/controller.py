@@ -53,10 +53,12 @@ from statistics import median
 from typing import Any, Protocol
 
 from pearl.config import RunConfig
+from pearl.core.decision import Allocation
 from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, TrainingStarted
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionFactory
 from pearl.core.state import ClusterState, Gpu, Zone
+from pearl.core.telemetry import IterationLogging, IterationRecord
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
 from pearl.runtime.clock import Clock, LoopClock
@@ -109,6 +111,11 @@ class Controller:
         self.journal = journal
         self._taken: collections.deque[list[str]] = collections.deque()  # batches being trained on
         self._trained: list[str] = []  # trained on, not yet durable (no checkpoint since)
+        #: the engine's per-iteration telemetry, where it logs one (``IterationLogging``), drained
+        #: into the tracker at every batch's refit
+        self._iterations: list[IterationRecord] = []
+        if isinstance(engine, IterationLogging):
+            engine.iteration_log = self._iterations
         self.recovered: RecoveredRun | None = None
         if journal is not None:
             self.recovered = journal.recover()
@@ -156,6 +163,7 @@ class Controller:
         # batch index -> the predicted makespan in force when that batch started (keyed, so the
         # pairing stays right even if a pipeline ever overlaps consecutive batches)
         self._predicted_at_start: dict[int, float] = {}
+        self._allocation_at_start: dict[int, Allocation | None] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ construction helpers
@@ -280,6 +288,7 @@ class Controller:
         # starting this one), so a trainer holding lent GPUs starts on it now
         waits = r > self.pipeline.first_batch
         self._predicted_at_start[r] = self.elastic.batch_forecast(trainer_waits=waits)
+        self._allocation_at_start[r] = self.elastic.allocation
 
     def _on_worker_failed(self, worker_id: str, reason: str) -> None:
         self.elastic.worker_failed(worker_id, reason)
@@ -296,7 +305,12 @@ class Controller:
         predicted = self._predicted_at_start.pop(r, math.nan)
         if math.isfinite(predicted):
             self.batch_predictions.append((predicted, observed))
-        self.tracker.refit()
+        window, self._iterations[:] = list(self._iterations), []
+        self.tracker.refit(window)
+        ran = self._allocation_at_start.pop(r, None)
+        if ran is not None and ran == self.elastic.allocation:
+            # one configuration ran the whole batch: close the loop on its makespan
+            self.tracker.observe_makespan(ran, self.cfg.workload.batch_size, observed)
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
 
     # ------------------------------------------------------------------ ControlPlane

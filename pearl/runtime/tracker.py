@@ -11,8 +11,13 @@ current profiles, clears the window and returns them. The decision engine reads 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pearl.core.decision import Allocation, Mode, model_makespan
 from pearl.core.profile import (
     HardwareProfile,
+    IterationRecord,
     TelemetryRecord,
     WorkloadProfile,
     fit_hardware,
@@ -41,10 +46,21 @@ class RuntimeTracker:
         if len(self.recent) > 2 * self._keep:
             del self.recent[: len(self.recent) - self._keep]
 
-    def refit(self) -> tuple[HardwareProfile, WorkloadProfile]:
-        """Fit the window into the profiles (unchanged if the window is empty) and clear it."""
+    def observe_makespan(self, allocation: Allocation, batch: int, measured_s: float) -> None:
+        """A batch of ``batch`` trajectories ran ``allocation`` throughout and took ``measured_s``:
+        against the models' prediction on the current (refit) profiles, it corrects the profile's
+        closed loop (``pearl.core.makespan_correction``). Call after ``refit``."""
+        model = model_makespan(allocation, batch, self.hardware, self.workload)
+        n_p = None if allocation.mode is Mode.COLOCATED else allocation.n_prefill
+        corr = self.workload.correction.observe(allocation.n_workers, n_p, model, measured_s)
+        self.workload = replace(self.workload, correction=corr)
+
+    def refit(self, iterations: Sequence[IterationRecord] = ()) -> tuple[HardwareProfile, WorkloadProfile]:
+        """Fit the window into the profiles (unchanged if the window is empty) and clear it.
+        ``iterations``: the engine's iteration records of the window (``fitting.fit_hardware``)."""
+        if self.window or iterations:
+            self.hardware = fit_hardware(self.hardware, self.window, self.alpha, iterations)
         if self.window:
-            self.hardware = fit_hardware(self.hardware, self.window, self.alpha)
             self.workload = fit_workload(self.workload, self.window, self.alpha)
             self.refits += 1
         self.window = []

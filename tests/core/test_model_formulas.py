@@ -15,10 +15,11 @@ import pytest
 
 from pearl.core.colocated import U_CAP_COLOCATED, colocated_makespan
 from pearl.core.disaggregated import disaggregated_makespan
-from pearl.core.fitting import _prefill_stall_shares, blend_tail_windows, first_window_alpha
+from pearl.core.fitting import blend_tail_windows, first_window_alpha
 from pearl.core.hardware import HardwareProfile
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool
 from pearl.core.queueing import closed_queue_wait, prefill_service_scv
+from pearl.core.request_decode_fit import _prefill_stall_shares
 from pearl.core.stages import ITERATIONS, stages
 from pearl.core.telemetry import Mode, TelemetryRecord
 from pearl.core.workload import (

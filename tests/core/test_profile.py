@@ -187,8 +187,10 @@ def test_empty_or_invalid_window_returns_the_prior(prof8b: tuple[HardwareProfile
     assert fit_hardware(hw, []) is hw
     assert fit_workload(wl, []) is wl
     nan = TelemetryRecord("t", 1, 10, 0, 5, decode_s=math.nan)
-    assert fit_hardware(hw, [nan]) is hw
-    assert fit_workload(wl, [nan]) is wl
+    # the same profile (equal: the counts are not compared), with the rejected record counted
+    fh, fw = fit_hardware(hw, [nan]), fit_workload(wl, [nan])
+    assert fh == hw and fw == wl and (fh.samples, fw.samples) == (0, 0)
+    assert fh.rejected.to_dict() == fw.rejected.to_dict() == {"non_finite": 1}
 
 
 def test_fit_workload_learns_turns_and_tokens(prof8b: tuple[HardwareProfile, WorkloadProfile]) -> None:

@@ -135,8 +135,9 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
     The step is a roofline, ``max(memory reads, compute)``: adding the matmul compute to the memory
     reads instead makes it 2-5 % slow at n = 9-12, and every split's makespan with it. With the
     shipped engine constants on the preset's own workload means (1 s tool calls) the fit is
-    -0.1 .. +2.1 % off (the most at 16 x 24K tokens); a one-scale fit was -14 .. +30 %. On the
-    calibrated means it is not: the next test."""
+    within 2.5 %. The step is fitted on the emulator's logged decode spans
+    (``pearl.core.iteration_fit``), which carry no prefill stall; on the calibrated means too: the
+    next test."""
     from pearl.engines.emulated_costs import WorkerCosts
     from pearl.sim.simulate import measure_makespan
 
@@ -153,11 +154,6 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
             assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "in the replay world (the calibrated workload means: 0.3 s tool calls) the colocated decode fit "
-    "is -6.5 % (1 x 4K) .. +18.6 % (21 x 24K) off at 12 workers: the per-worker prefill-stall share "
-    "(fitting._prefill_stall_shares) is one number per window while the stalls vary along the batch, "
-    "and the within-group slope absorbs the variation (turn-local shares flip the error's sign)"))
 def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
     """As above, on the workload the replays run (``load_preset_config``: the physics file's
     workload means), up to the 21 sequences a 3-decode-worker pool of batch 64 runs."""
