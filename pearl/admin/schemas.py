@@ -4,9 +4,10 @@ These models are the single source of truth for validation (a bad field -> 422 n
 the OpenAPI document (``pearl.admin.openapi`` renders their JSON Schemas). Request models forbid
 unknown keys (a typo must not be silently ignored); the AWS shapes allow them (AWS adds fields).
 
-Identifiers (GPU, node, instance, notice, event ids) are 1-128 characters from ``[A-Za-z0-9._:/@+-]``:
-wide enough for ``i-0abc...`` instance ids and ARNs' tails, narrow enough that nothing a client sends
-can inject into a log line. Floats reject NaN and infinity. Numbers are JSON numbers: ``true`` is
+Identifiers (GPU, node, instance, notice, event ids) are 1-128 characters from ``[A-Za-z0-9._:@+-]``
+with dots only between other characters: wide enough for ``i-0abc...`` instance ids and versioned
+names, narrow enough that nothing a client sends can inject into a log line or name a path (no
+separator, no ``..``, no leading dot: worker ids and server folders are built from these ids). Floats reject NaN and infinity. Numbers are JSON numbers: ``true`` is
 not a number and ``"3"`` not a step (``Int`` / ``Num``).
 """
 
@@ -18,7 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.json_schema import WithJsonSchema
 
-IDENT_PATTERN = r"^[A-Za-z0-9._:/@+\-]{1,128}$"
+IDENT_PATTERN = r"^[A-Za-z0-9_:@+\-]+(\.[A-Za-z0-9_:@+\-]+)*$"
+IDENT_MAX = 128
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENT_PATTERN)]
 
 #: A reclaim deadline further away than this is rejected (clouds give minutes, not days).
@@ -262,4 +264,5 @@ class NodesOut(_Out):
 
 
 class HealthOut(_Out):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: the service runs but cannot journal")
+    journal: str | None = Field(default=None, description="why the journal cannot write (disk full, I/O error)")
