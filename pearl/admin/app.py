@@ -351,7 +351,8 @@ class AdminApp:
                            f"{IDEMPOTENCY_HEADER} once the disk has room", headers={"Retry-After": "5"}) from None
         except UnknownResourceError as e:
             self.metrics.events.labels(kind, "rejected").inc()
-            raise ApiError(404, "not_found", str(e), [s.FieldError(field=e.kind, reason=str(e))]) from None
+            field = "instance_id" if e.kind == "instance" else e.kind
+            raise ApiError(404, "not_found", str(e), [s.FieldError(field=field, reason=str(e))]) from None
         except TimeoutError:
             raise ApiError(503, "unavailable",
                            f"the controller did not accept the event within {self.spec.submit_timeout_s} s; "
@@ -510,7 +511,7 @@ class AdminApp:
         def resolve() -> ElasticEvent:
             try:
                 gpu_ids = self._instance(n.instance_id)
-            except ApiError:
+            except UnknownResourceError:
                 spot = [g["gpu_id"] for g in self.control.state_dict().get("gpus", [])
                         if node is not None and g.get("node") == node and g.get("zone") == "preemptible"]
                 if not spot:
@@ -521,14 +522,10 @@ class AdminApp:
         return Arrival(event_id, digest, EventKind.RECLAIM_NOTICE, resolve, n.instance_id)
 
     def _instance(self, instance_id: str) -> tuple[str, ...]:
-        try:
-            gpus = self.control.instance_gpus(instance_id)
-        except UnknownResourceError as e:
-            raise ApiError(404, "not_found", f"{e}: no GPU was registered with this instance",
-                           [s.FieldError(field="instance_id", reason=str(e))]) from None
+        """The GPUs registered with a cloud instance (``UnknownResourceError``, 404, when none is)."""
+        gpus = self.control.instance_gpus(instance_id)
         if not gpus:
-            raise ApiError(404, "not_found", f"instance {instance_id!r} has no GPU in the cluster",
-                           [s.FieldError(field="instance_id", reason="no GPU registered")])
+            raise UnknownResourceError("instance", instance_id)
         return tuple(gpus)
 
     # ------------------------------------------------------------------ reads

@@ -21,7 +21,7 @@ from pydantic.json_schema import WithJsonSchema
 
 IDENT_PATTERN = r"^[A-Za-z0-9_:@+\-]+(\.[A-Za-z0-9_:@+\-]+)*$"
 IDENT_MAX = 128
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENT_PATTERN)]
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=IDENT_MAX, pattern=IDENT_PATTERN)]
 
 #: A reclaim deadline further away than this is rejected (clouds give minutes, not days).
 MAX_DEADLINE_S = 86_400.0
@@ -93,10 +93,12 @@ class ReclaimNoticeIn(_In):
     # and has no ``default`` (a default of null would not match the field's own schema)
     gpu_ids: Annotated[
         list[Ident] | None,
-        WithJsonSchema({"type": "array", "items": {"type": "string", "pattern": IDENT_PATTERN},
+        WithJsonSchema({"type": "array", "items": {"type": "string", "pattern": IDENT_PATTERN, "minLength": 1,
+                                                    "maxLength": IDENT_MAX},
                         "minItems": 1, "maxItems": 1024}),
     ] = Field(default=None, min_length=1, max_length=1024, json_schema_extra=_no_default)
-    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN})] = Field(
+    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN,
+                                                         "minLength": 1, "maxLength": IDENT_MAX})] = Field(
         default=None, json_schema_extra=_no_default)
     deadline_in_s: Annotated[
         Num | None, WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S})
@@ -153,7 +155,12 @@ class TrainingStartedIn(_In):
 class TrainingFinishedIn(_In):
     step: Int = Field(ge=0, le=2**31)
     weight_version: Int = Field(ge=0, le=2**31)
-    expected_idle_s: Num | None = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
+    # the JSON Schema written out: pydantic renders the bounds of ``Num | None`` as "ge" / "le",
+    # which are no JSON Schema keywords (a client generated from the document would not see them)
+    expected_idle_s: Annotated[
+        Num | None,
+        WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S}, {"type": "null"}]}),
+    ] = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
     event_id: Ident | None = None
 
 

@@ -140,7 +140,6 @@ def event_driver(seed: int) -> Any:
         import time as _time
 
         from pearl.admin.app import ApiError
-
         from pearl.core.events import EventKind
 
         k = app.control.door.count(EventKind.GPUS_GRANTED)

@@ -154,6 +154,7 @@ class EventDoor:
         self._gen: dict[str, int] = {}  # GPU -> generation of the grant that brought it
         self._live: dict[ReclaimKey, _Reclaim] = {}
         self._names: dict[str, ReclaimKey] = {}  # client notice id -> its reclaim
+        self._reclaimed: dict[str, ReclaimKey] = {}  # target -> its last finished reclaim
         self._seq = 0
         self._anon = itertools.count(1)
         for ev in journal.events() if journal is not None else ():
@@ -229,10 +230,17 @@ class EventDoor:
             return Admission(False, True, eid, a.kind.value, prior.gpu_ids, f"already accepted as event {eid}")
         if self.fault is not None:
             raise JournalUnavailable(self.fault)
-        event = replace(a.build(), event_id=eid)
+        self.settle()
+        try:
+            event = replace(a.build(), event_id=eid)
+        except UnknownResourceError:
+            done = self._reclaimed.get(a.target or "")
+            if done is None:
+                raise
+            # a late notice for an instance whose reclaim finished (its GPUs left): nothing to do
+            return Admission(False, True, eid, a.kind.value, (), f"reclaim {done.label} already done")
         if a.check is not None:
             a.check(event)
-        self.settle()
         event, note = self._identify(event, a.target)
         body = self._body(event)
         status: EventStatus = "accepted" if isinstance(event, GpusGranted | ReclaimNotice) else "done"
@@ -354,6 +362,8 @@ class EventDoor:
         for key, live in list(self._live.items()):
             if live.cancelled or not any(g in present for g in live.gpus):
                 del self._live[key]
+                if not live.cancelled:
+                    self._reclaimed[key.target] = key
 
     async def replay(self) -> dict[str, int]:
         """Submit again every accepted grant and reclaim notice not yet finished, in acceptance

@@ -143,6 +143,17 @@ def _no_hold() -> None:
     return None
 
 
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    done = threading.Event()
+
+    def once() -> None:
+        if not done.is_set():
+            done.set()
+            release()
+
+    return once
+
+
 @dataclass(frozen=True, slots=True)
 class _Job:
     """One call on the writer thread: ``op`` runs there, its outcome goes to ``future``;
@@ -295,6 +306,7 @@ class Journal:
         self._retry_s, self._max_retry_s = retry_s, max_retry_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._waiting = 0
+        self._held: dict[int, Callable[[], None]] = {}  # job -> its hold on a virtual clock
         self._count = threading.Lock()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._write_loop, name=f"journal-{self.path.name}", daemon=True)
@@ -309,13 +321,15 @@ class Journal:
     def post(self, op: Callable[[], T], what: str = "write") -> Future[T]:
         """Queue ``op`` (a call of this journal's methods) on the writer thread; returns at once."""
         fut: Future[T] = Future()
-        try:
-            release = hold_time(asyncio.get_running_loop())
-        except RuntimeError:  # no loop in this thread
-            release = _no_hold
+        release = _no_hold
+        if self.fault is None:  # a failing disk holds no replay still
+            with contextlib.suppress(RuntimeError):  # no loop in this thread
+                release = _once(hold_time(asyncio.get_running_loop()))
+        job = _Job(op, fut, release, what)
         with self._count:
             self._waiting += 1
-        self._jobs.put(_Job(op, fut, release, what))
+            self._held[id(job)] = release
+        self._jobs.put(job)
         return fut
 
     async def commit(self, op: Callable[[], T], what: str = "write") -> T:
@@ -339,17 +353,15 @@ class Journal:
             self._run(job)
             with self._count:
                 self._waiting -= 1
+                self._held.pop(id(job), None)
+            job.release()
 
     def _run(self, job: _Job) -> None:
         delay = self._retry_s
-        released = False
         while True:
             try:
                 result = job.op()
             except sqlite3.OperationalError as e:
-                if not released:
-                    job.release()  # a virtual-time replay does not wait on a failing disk
-                    released = True
                 self._faulted(job.what, e)
                 if self._closing.wait(delay):
                     job.future.set_exception(JournalError(f"journal {self.path}: closed while {job.what} waited "
@@ -358,8 +370,6 @@ class Journal:
                 delay = min(delay * 2, self._max_retry_s)
                 continue
             except BaseException as e:
-                if not released:
-                    job.release()
                 job.future.set_exception(e)
                 return
             if self.fault is not None:
@@ -367,8 +377,6 @@ class Journal:
                             time.monotonic() - (self.fault_since or time.monotonic()), self._waiting - 1)
                 self.fault, self.fault_since = None, None
             job.future.set_result(result)
-            if not released:
-                job.release()
             return
 
     def _faulted(self, what: str, e: sqlite3.OperationalError) -> None:
@@ -380,6 +388,22 @@ class Journal:
             self.fault_since = time.monotonic()
             log.error("journal %s", reason)
         self.fault = reason
+        with self._count:  # a virtual-time replay does not wait on a failing disk
+            held, self._held = list(self._held.values()), {}
+        for release in held:
+            release()
+
+    def set_max_pages(self, pages: int | None) -> int:
+        """Cap the database file at ``pages`` pages (SQLite ``max_page_count``; None: no cap beyond
+        SQLite's own): past it every write fails as on a full disk. The reliability drills use it to
+        fill and free "the disk" for real. It takes effect at once, ahead of the queued writes (a
+        freed disk must not wait behind the write that found it full; SQLite serialises the two
+        threads' calls on the connection). Returns the cap in force."""
+        n = 4294967294 if pages is None else max(1, int(pages))
+        return int(self._db.execute(f"PRAGMA max_page_count={n}").fetchone()[0])
+
+    def page_count(self) -> int:
+        return int(self._sync(lambda: self._db.execute("PRAGMA page_count").fetchone()[0], "page count"))
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Journal:
