@@ -232,6 +232,8 @@ class Controller:
         trained on it is durable (``batch_trained``; ``publish`` calls it): a batch the trainer held
         when the service stopped is delivered again, as journaled, after a restart."""
         batch = await self.pipeline.next_batch()
+        if self.journal is not None:
+            await self.journal.flush()  # the batch is on disk before the trainer has it
         self._taken.append([r.traj_id for r in batch])
         return batch
 

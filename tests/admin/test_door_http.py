@@ -136,3 +136,27 @@ async def test_path_like_ids_are_refused_at_the_door(
         s, _ = await post(c, "/v1/events/gpus-granted", {"gpus": [{"gpu_id": "q0.1", "node": "node1"}]},
                           **{"Idempotency-Key": "aws:eb-1.v2"})
         assert s == 202
+
+
+async def test_a_deadline_survives_a_restart_across_a_wall_clock_step(tmp_path: Any, spec: AdminSpec) -> None:
+    """The journal keeps the deadline as absolute UTC and as the clock's own reading with the clock's
+    epoch: a service restarted on the same boot (same monotonic clock) keeps the deadline even
+    when the wall clock stepped an hour meanwhile."""
+    from pearl.runtime.journal import Journal
+    from tests.admin.conftest import small_cluster
+
+    clock, wall = ManualClock(1000.0), ManualClock(WALL0)
+    with Journal(tmp_path / "j.sqlite") as j:
+        control = StateControlPlane(small_cluster(), clock, {}, journal=j, wall_now=wall, clock_epoch="boot:A")
+        async with TestClient(TestServer(app(control, clock, wall, spec).build())) as c:
+            s, _ = await post(c, "/v1/events/reclaim-notice", {"gpu_ids": ["p2"], "deadline_in_s": 600})
+            assert s == 202
+    clock.t += 10.0
+    wall.t += 3600.0 + 10.0  # the wall clock was stepped while the service was down
+    with Journal(tmp_path / "j.sqlite") as j:
+        again = StateControlPlane(small_cluster(), clock, {}, journal=j, wall_now=wall, clock_epoch="boot:A")
+        assert (await again.door.replay())["replayed"] == 1
+        clock.t = 1599.0
+        assert "p2" in gpus(again)
+        clock.t = 1600.0
+        assert "p2" not in gpus(again)
