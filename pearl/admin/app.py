@@ -17,13 +17,14 @@ answered as ``ErrorOut`` 400 with one log line (``_Protocol``); a request head m
 ``admin.read_timeout_s`` of the connection opening and a body within the same time (408); a body
 broken off is a 400.
 
-Events pass the book (``pearl.admin.events``): an id or notice id seen before is answered from it
-(200 duplicate or 409) before any lookup; then the policy (``EventPolicy``: training events owned
-by an internal trainer -> 409, outside steps that go back or overlap -> 409, grants over
-``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then the event is journaled and
-submitted. A 202 means journaled; ``replay`` submits the unfinished ones after a restart.
-``cloud_signal`` and ``grant_gpus`` are the same gate for callers inside the process (the cloud
-watch, tools).
+Events go through the controller's one door (``pearl.runtime.door.EventDoor``, ``control.door``):
+an id seen before is answered there (200 duplicate or 409) before any lookup; a reclaim notice is
+named by its ``ReclaimKey`` (a later notice for the same grant tightens it); then this API's policy
+(``EventPolicy``: training events owned by an internal trainer -> 409, outside steps that go back
+or overlap -> 409, grants over ``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then
+the event is journaled (a journal that cannot write -> 503 naming why) and submitted. A 202 means
+journaled; ``replay`` submits the unfinished ones after a restart. ``cloud_signal`` and
+``grant_gpus`` are the same door for callers inside the process (the cloud watch, tools).
 
 Event ids: the ``Idempotency-Key`` header or the body's ``event_id`` (they must agree), an id
 derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. An id is applied

@@ -58,10 +58,11 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
      unfinished ones as ``abort`` so the pipeline continues with prompt + part), so no journaled
      token is generated again and none is lost; only the remainder is generated.
 
-Elastic events (table ``events``, written by ``pearl.admin.events.EventBook``): every event the
-admin API answers 202 is journaled first, with its payload digest (idempotency survives a
-restart), its notice id (one notice per id) and a status (``accepted`` -> ``done`` /
-``cancelled``); a restarted service replays the accepted grants and notices. The emulated trainer's
+Elastic events (table ``events``, written by ``pearl.runtime.door.EventDoor``): every outside event
+is journaled before it is acknowledged, with its payload digest (idempotency survives a restart),
+its reclaim key and a status (``accepted`` -> ``done`` / ``cancelled``); a notice's deadline as
+absolute UTC (and the clock's reading with its epoch); a restarted service replays the accepted
+grants and notices. The emulated trainer's
 policy version after a restart is ``trained_batches`` (one update per consumed batch).
 
 Idempotence. ``record_trajectory`` of an id that is already completed is ignored (returns False):
