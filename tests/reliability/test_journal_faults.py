@@ -57,8 +57,12 @@ def test_a_full_disk_is_named_and_the_run_resumes_when_it_has_room(tmp_path: Pat
                 await j.flush()
                 r = await c.get("/healthz")
                 out["health_after"] = await r.json()
+            await clock.sleep(600.0)  # the run goes on after the disk came back
+            await j.flush()
             out["journaled"] = len(j.completed_ids())
             out["completed"] = ctl.progress().trajectories_completed
+            out["lost"] = ctl.progress().trajectories_lost
+            out["trained"] = ctl.progress().train_step
         finally:
             await svc.stop()
         return out
@@ -72,6 +76,7 @@ def test_a_full_disk_is_named_and_the_run_resumes_when_it_has_room(tmp_path: Pat
     assert out["completed_while_full"] > 0  # the rollout went on
     assert out["health_after"] == {"status": "ok"}
     assert out["journaled"] == out["completed"]  # every trajectory completed meanwhile is on disk now
+    assert out["lost"] == 0 and out["trained"] >= 2
 
 
 async def test_a_frozen_disk_never_blocks_the_event_loop(tmp_path: Path) -> None:
