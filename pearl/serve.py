@@ -32,6 +32,11 @@ Life cycle::
                                  controller's JournaledEngine), controller.stop() (tasks cancelled,
                                  engine servers stopped), the observer writes the run report last
 
+One service per folder: ``start`` takes an exclusive lock on ``output_dir/.pearl.lock`` (a second
+``pearl serve`` on the same folder stops at once with a one-line message naming the pid that holds
+it). Every start-up failure of the folder or the journal is a ``StartupError``: one line naming the
+file and what to do.
+
 Journal: ``output_dir/journal.sqlite`` (``--no-journal`` to keep none). Starting again with the same
 ``output_dir`` resumes: completed trajectories are not generated again and partial outputs are
 replayed (``pearl.runtime.journal``); with real engines training continues from the trainer's latest
@@ -44,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -60,9 +66,9 @@ from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
 from pearl.obs.logs import setup_logging
 from pearl.obs.observer import RunObserver
-from pearl.runtime.clock import Clock, LoopClock
+from pearl.runtime.clock import Clock, LoopClock, clock_epoch
 from pearl.runtime.controller import Controller
-from pearl.runtime.journal import Journal
+from pearl.runtime.journal import Journal, JournalError
 from pearl.runtime.train_loop import ResumeError, StepRecord, lends_training_gpus, resume_point, train_loop
 from pearl.sim.emulated_trainer import EmulatedTrainer
 from pearl.sim.sessions import SyntheticSessionFactory
@@ -76,6 +82,39 @@ EngineFactory = Callable[[Callable[[str], str]], InferenceEngine]
 #: with ``start``, ``close``, ``version`` and ``train_step`` (``pearl.train.client.TrainerClient``'s
 #: API); ``resume``: its ranks continue from the latest checkpoint of ``output_dir/trainer``
 TrainerFactory = Callable[[Path, Controller, Callable[[Any], Awaitable[None]], bool], Any]
+
+
+class StartupError(RuntimeError):
+    """The service cannot start on its folder or journal; the message is one line naming the file
+    and what to do."""
+
+
+def lock_output_dir(run_dir: Path) -> int:
+    """An exclusive lock on ``run_dir/.pearl.lock`` for as long as the returned descriptor is open
+    (``release_output_dir``); raises ``StartupError`` when another service holds it, or the folder
+    cannot be used."""
+    path = run_dir / ".pearl.lock"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StartupError(f"output_dir {run_dir} is not a usable folder ({e.strerror or e}): "
+                           "point output_dir at a writable folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StartupError(f"output_dir {run_dir} is in use by another pearl serve (pid {holder}, lock {path}): "
+                           "stop that service, or give this one another output_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def release_output_dir(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
@@ -98,7 +137,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     # trainer keeps no other state), so the pipeline's first batch finds the version it waits for
     version = journal.trained_batches(cfg.workload.batch_size) if journal is not None else 0
     controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal,
-                            initial_weights=(version, f"emulated://v{version}") if version else None)
+                            initial_weights=(version, f"emulated://v{version}") if version else None,
+                            clock_epoch=clock_epoch(asyncio.get_running_loop()))
     controller.train_steps = version
 
     async def take_batch() -> list[TrajectoryRecord]:
@@ -177,9 +217,10 @@ class Service:
         #: one node (no node agents): the cloud watch of this machine (``cfg.cloud_watch``, opt-in);
         #: under ``pearl/main.py`` each node agent runs its own and rank 0 relays what they see
         self.cloud_watch: Any = None
+        self._lock: int | None = None
 
     async def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_output_dir(self.run_dir)
         if self._engine_factory is not None:
             self.engine = self._engine_factory(self._node_of)
         else:
@@ -187,7 +228,10 @@ class Service:
         assert self.engine is not None
         if self.journal_path is not None:
             resumed = self.journal_path.exists()
-            self.journal = Journal(self.journal_path)
+            try:
+                self.journal = Journal(self.journal_path)
+            except JournalError as e:
+                raise StartupError(str(e)) from None
             if resumed:
                 log.info("resuming from journal %s: %s", self.journal_path, self.journal.counts())
         if self.real:
@@ -201,7 +245,7 @@ class Service:
         owner = "the GRPO trainer (pearl.train)" if self.real else "the emulated trainer (pearl.sim.emulated_trainer)"
         policy = EventPolicy(training_owner=owner, max_preemptible_gpus=self.cfg.cluster.max_preemptible_gpus)
         self.admin = AdminServer(self.controller, self.cfg.admin, self.clock.now, self._host, self._port, self._env,
-                                 nodes=self._nodes, journal=self.journal, policy=policy)
+                                 nodes=self._nodes, policy=policy)
         if self.real:
             log.info("starting the trainer ranks and the initial inference workers ...")
             await asyncio.gather(self.trainer.start(), self.controller.start())
@@ -242,7 +286,8 @@ class Service:
         initial = (resume.version, resume.path) if resume is not None else (0, str(model_path))
         controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
                                 initial_state=self.initial_state, initial_weights=initial,
-                                registry=registry, journal=self.journal)
+                                registry=registry, journal=self.journal,
+                                clock_epoch=clock_epoch(asyncio.get_running_loop()))
         controller.train_steps = initial[0]  # a resumed run's step and version metrics start where they were
         self.controller = controller
 
@@ -342,6 +387,9 @@ class Service:
         if self.journal is not None:
             self.journal.close()
             self.journal = None
+        if self._lock is not None:
+            release_output_dir(self._lock)
+            self._lock = None
         return report
 
 
@@ -376,7 +424,7 @@ def _serve_cmd(args: argparse.Namespace) -> int:
     except AdminSecurityError as e:
         print(f"pearl serve: {e}", file=sys.stderr)
         return 2
-    except (RunError, ResumeError) as e:  # a real-engine run that cannot be set up (no weights, ...)
+    except (RunError, ResumeError, StartupError) as e:  # cannot be set up (no weights, folder in use, ...)
         print(f"pearl serve: error: {e}", file=sys.stderr)
         return 2
 

@@ -17,13 +17,14 @@ answered as ``ErrorOut`` 400 with one log line (``_Protocol``); a request head m
 ``admin.read_timeout_s`` of the connection opening and a body within the same time (408); a body
 broken off is a 400.
 
-Events pass the book (``pearl.admin.events``): an id or notice id seen before is answered from it
-(200 duplicate or 409) before any lookup; then the policy (``EventPolicy``: training events owned
-by an internal trainer -> 409, outside steps that go back or overlap -> 409, grants over
-``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then the event is journaled and
-submitted. A 202 means journaled; ``replay`` submits the unfinished ones after a restart.
-``cloud_signal`` and ``grant_gpus`` are the same gate for callers inside the process (the cloud
-watch, tools).
+Events go through the controller's one door (``pearl.runtime.door.EventDoor``, ``control.door``):
+an id seen before is answered there (200 duplicate or 409) before any lookup; a reclaim notice is
+named by its ``ReclaimKey`` (a later notice for the same grant tightens it); then this API's policy
+(``EventPolicy``: training events owned by an internal trainer -> 409, outside steps that go back
+or overlap -> 409, grants over ``cluster.max_preemptible_gpus`` or on unknown nodes -> 409); then
+the event is journaled (a journal that cannot write -> 503 naming why) and submitted. A 202 means
+journaled; ``replay`` submits the unfinished ones after a restart. ``cloud_signal`` and
+``grant_gpus`` are the same door for callers inside the process (the cloud watch, tools).
 
 Event ids: the ``Idempotency-Key`` header or the body's ``event_id`` (they must agree), an id
 derived from the cloud event for the AWS shapes, else a fresh ``api:<uuid>``. An id is applied
@@ -38,16 +39,17 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.http_exceptions import BadHttpMessage
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 from pydantic import BaseModel, ValidationError
@@ -62,12 +64,12 @@ from pearl.access import (
 )
 from pearl.admin import cloud
 from pearl.admin import schemas as s
-from pearl.admin.events import EventBook
 from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
 from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
 from pearl.config import AdminSpec
 from pearl.core.events import (
     ElasticEvent,
+    EventKind,
     GpusGranted,
     GrantedGpu,
     NoticeCancelled,
@@ -76,7 +78,7 @@ from pearl.core.events import (
     TrainingStarted,
 )
 from pearl.runtime.control import ControlPlane, UnknownResourceError
-from pearl.runtime.journal import Journal, JournaledEvent
+from pearl.runtime.door import Arrival, EventRefused, JournalUnavailable
 
 log = logging.getLogger("pearl.admin")
 
@@ -93,6 +95,12 @@ class PathOnlyAccessLogger(AbstractAccessLogger):
 
 
 _IDENT = re.compile(s.IDENT_PATTERN)
+
+
+def _ident(text: str) -> bool:
+    """An id as the schemas define it (``schemas.IDENT_PATTERN``, at most ``IDENT_MAX`` characters)."""
+    return len(text) <= s.IDENT_MAX and _IDENT.match(text) is not None
+
 #: Content types read as JSON. ``curl -d`` sends form-urlencoded and some webhook senders text/plain;
 #: the bearer token (not the content type) is what protects the routes, so these are accepted too.
 _JSON_TYPES = frozenset({"application/json", "text/plain", "application/x-www-form-urlencoded"})
@@ -156,7 +164,12 @@ async def _read_model(request: web.Request, model: type[BaseModel], read_timeout
     except TimeoutError:
         raise ApiError(408, "request_timeout", f"the body did not arrive within {read_timeout_s} s "
                        "(admin.read_timeout_s)") from None
-    except (ClientPayloadError, BadHttpMessage, ConnectionError) as e:  # the client broke the upload off
+    except (ClientPayloadError, BadHttpMessage, RequestPayloadError, ConnectionError) as e:  # a broken body
+        if request.headers.get("Content-Encoding", "identity") != "identity":
+            enc = request.headers.get("Content-Encoding", "?")[:20]
+            raise ApiError(400, "bad_encoding", f"the request body is not valid {enc} data "
+                           "(Content-Encoding); send it compressed whole, or uncompressed",
+                           headers={"Connection": "close"}) from None  # the stream is unusable now
         raise ApiError(400, "incomplete_body", f"the request body ended early: {type(e).__name__}") from None
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
@@ -185,15 +198,11 @@ class AdminApp:
         wall_now: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         nodes: NodesProvider | None = None,
-        journal: Journal | None = None,
         policy: EventPolicy | None = None,
     ) -> None:
         self.control = control
         self._nodes = nodes
         self.policy = policy or EventPolicy()
-        #: accepted events (durable with a journal): idempotency, one notice per id, replay
-        self.book = EventBook(journal)
-        self._lock = asyncio.Lock()
         self._training: tuple[int | None, bool] = (None, False)  # outside trainer: (last step, running)
         self.spec = spec
         self._token = token
@@ -285,34 +294,31 @@ class AdminApp:
         return await handler(request)
 
     # ------------------------------------------------------------------ events
-    def _event(self, build: Callable[[web.Request, str | None], Awaitable[_Prepared]]) -> Handler:
+    def _event(self, build: Callable[[web.Request, str | None], Awaitable[Arrival]]) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             key = request.headers.get(IDEMPOTENCY_HEADER)
-            if key is not None and not _IDENT.match(key):
+            if key is not None and not _ident(key):
                 raise ApiError(422, "validation", f"{IDEMPOTENCY_HEADER} must match {s.IDENT_PATTERN}",
                                [s.FieldError(field=IDEMPOTENCY_HEADER, reason=f"must match {s.IDENT_PATTERN}")])
-            pre = await build(request, key)
-            async with self._lock:  # check, journal and submit as one step: no interleaved twin
-                return await self._admit(request.remote or "?", pre)
+            return await self._admit(request.remote or "?", await build(request, key))
 
         return handle
 
     async def cloud_signal(self, instance_id: str, node: str, deadline_wall: float, source: str) -> dict[str, Any]:
-        """A node-side watcher's notice (``pearl.runtime.node.cloud_watch``) through the gate of the HTTP
-        routes: journaled, idempotent, one notice per instance (an EventBridge warning for the same
-        instance is the same notice). The GPUs are the instance's, else the node's preemptible ones.
-        Returns the ``EventAcceptedOut`` body; a refusal raises ``ApiError``."""
+        """A node-side watcher's notice (``pearl.runtime.node.cloud_watch``) through the door of the
+        HTTP routes: journaled, idempotent, the instance's reclaim (an EventBridge warning for the
+        same instance tightens the same reclaim). The GPUs are the instance's, else the node's
+        preemptible ones. Returns the ``EventAcceptedOut`` body; a refusal raises ``ApiError``."""
         event_id = f"watch:{source}:{instance_id}:{int(deadline_wall)}"[:128]
         n = cloud.CloudNotice(instance_id=instance_id, deadline_wall=deadline_wall, event_id=event_id, action=source)
         digest = IdempotencyLedger.digest("cloud-watch", event_id.encode())
-        async with self._lock:
-            resp = await self._admit(f"cloud-watch@{node}", self._cloud_notice(n, None, digest, node))
+        resp = await self._admit(f"cloud-watch@{node}", self._cloud_notice(n, None, digest, node))
         assert isinstance(resp, web.Response) and resp.text is not None
         out: dict[str, Any] = json.loads(resp.text)
         return out
 
     async def grant_gpus(self, gpus: list[dict[str, Any]], event_id: str) -> dict[str, Any]:
-        """A grant from inside the process (tools, the restart campaign) through the same gate as
+        """A grant from inside the process (tools, the restart campaign) through the same door as
         ``POST /v1/events/gpus-granted``: validated, journaled, idempotent. A refusal raises ``ApiError``."""
         try:
             m = s.GpusGrantedIn.model_validate({"gpus": gpus, "event_id": event_id})
@@ -320,75 +326,55 @@ class AdminApp:
             raise ApiError(422, "validation", str(e), _field_errors(e)) from None
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus), event_id=event_id)
         digest = IdempotencyLedger.digest("/v1/events/gpus-granted", m.model_dump_json(exclude={"event_id"}).encode())
-        async with self._lock:
-            resp = await self._admit("in-process", _Prepared(event_id, ev.kind.value, digest, lambda: ev))
+        resp = await self._admit("in-process", Arrival(event_id, digest, ev.kind, lambda: ev))
         assert isinstance(resp, web.Response) and resp.text is not None
         out: dict[str, Any] = json.loads(resp.text)
         return out
 
-    async def _admit(self, remote: str, pre: _Prepared) -> web.StreamResponse:
-        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
-        chk = self.book.check(pre.event_id, pre.digest, pre.notice_id, pre.notice_digest)
-        if chk.verdict == "conflict":
-            self.metrics.events.labels(pre.kind, "rejected").inc()
-            raise ApiError(409, "idempotency_conflict",
-                           f"event id {pre.event_id!r} was already used with a different payload")
-        if chk.verdict == "notice_conflict":
-            self.metrics.events.labels(pre.kind, "rejected").inc()
-            raise ApiError(409, "notice_conflict",
-                           f"notice_id {pre.notice_id!r} already names another reclaim notice; one notice per id",
-                           [s.FieldError(field="notice_id", reason="already used by another notice")])
-        if chk.duplicate:
-            assert chk.prior is not None
-            self.metrics.events.labels(pre.kind, "duplicate").inc()
-            log.info("event %s id=%s from %s: duplicate of %s", pre.kind, pre.event_id, remote, chk.prior.event_id)
-            body = s.EventAcceptedOut(applied=False, duplicate=True, event_id=pre.event_id, kind=pre.kind,
-                                      gpu_ids=_journaled_gpus(chk.prior),
-                                      detail=f"already accepted as event {chk.prior.event_id}")
-            return json_response(body.model_dump(), 200)
-        event = pre.resolve()
-        self._check_policy(event)
-        record = _journal_body(event, self._clock_now(), self._wall_now())
-        if pre.notice_digest is not None:
-            record["notice_digest"] = pre.notice_digest
-        notice_id = event.notice_id if isinstance(event, ReclaimNotice) else None
-        replayed = isinstance(event, GpusGranted | ReclaimNotice)
-        self.book.accept(event.event_id, pre.kind, pre.digest, record, notice_id,
-                         "accepted" if replayed else "done")
+    async def _admit(self, remote: str, a: Arrival) -> web.StreamResponse:
+        """Through the door (``pearl.runtime.door``) with this API's policy; its refusals as HTTP."""
+        kind = a.kind.value
+        checked: list[ElasticEvent] = []
+
+        def check(event: ElasticEvent) -> None:
+            self._check_policy(event)
+            checked.append(event)
+
         try:
             async with asyncio.timeout(self.spec.submit_timeout_s):
-                result = await self.control.submit(event)
+                adm = await self.control.door.admit(replace(a, check=check, source=remote))
+        except EventRefused as e:
+            self.metrics.events.labels(kind, "rejected").inc()
+            raise ApiError(409, e.code, str(e), [s.FieldError(field=e.field, reason=str(e))]) from None
+        except JournalUnavailable as e:
+            self.metrics.events.labels(kind, "rejected").inc()
+            raise ApiError(503, "journal_unavailable", f"{e}; nothing was accepted, retry with the same "
+                           f"{IDEMPOTENCY_HEADER} once the disk has room", headers={"Retry-After": "5"}) from None
         except UnknownResourceError as e:
-            self.book.drop(event.event_id)
-            self.metrics.events.labels(pre.kind, "rejected").inc()
-            raise ApiError(404, "not_found", str(e), [s.FieldError(field=e.kind, reason=str(e))]) from None
+            self.metrics.events.labels(kind, "rejected").inc()
+            field = "instance_id" if e.kind == "instance" else e.kind
+            raise ApiError(404, "not_found", str(e), [s.FieldError(field=field, reason=str(e))]) from None
         except TimeoutError:
-            self.book.drop(event.event_id)
             raise ApiError(503, "unavailable",
                            f"the controller did not accept the event within {self.spec.submit_timeout_s} s; "
                            f"retry with the same {IDEMPOTENCY_HEADER}", headers={"Retry-After": "1"}) from None
         except ValueError as e:
-            self.book.drop(event.event_id)
-            self.metrics.events.labels(pre.kind, "rejected").inc()
+            self.metrics.events.labels(kind, "rejected").inc()
             field, _, reason = str(e).partition(": ")
             fields = [s.FieldError(field=field, reason=reason)] if reason else []
             raise ApiError(409, "conflict", str(e), fields) from None
-        if isinstance(event, NoticeCancelled):
-            first = self.book.notice(event.notice_id)
-            if first is not None:
-                self.book.set_status(first.event_id, "cancelled")
-        if isinstance(event, TrainingStarted):
-            self._training = (event.step, True)
-        elif isinstance(event, TrainingFinished):
-            self._training = (event.step, False)
-        outcome = "duplicate" if result.duplicate else "applied" if result.applied else "ignored"
-        self.metrics.events.labels(pre.kind, outcome).inc()
-        log.info("event %s id=%s from %s: %s %s", pre.kind, event.event_id, remote, outcome, result.detail)
-        body = s.EventAcceptedOut(
-            applied=result.applied, duplicate=result.duplicate, event_id=event.event_id,
-            kind=pre.kind, gpu_ids=list(_gpu_ids(event)), detail=result.detail,
-        )
-        return json_response(body.model_dump(), 200 if result.duplicate else 202)
+        for ev in checked:
+            if isinstance(ev, TrainingStarted | TrainingFinished):
+                self._training = (ev.step, isinstance(ev, TrainingStarted))
+        if adm.duplicate:
+            self.metrics.events.labels(kind, "duplicate").inc()
+            log.info("event %s id=%s from %s: duplicate", kind, adm.event_id, remote)
+        else:
+            outcome = "applied" if adm.applied else "ignored"
+            self.metrics.events.labels(kind, outcome).inc()
+        body = s.EventAcceptedOut(applied=adm.applied, duplicate=adm.duplicate, event_id=adm.event_id, kind=kind,
+                                  gpu_ids=list(adm.gpu_ids), detail=adm.detail)
+        return json_response(body.model_dump(), 200 if adm.duplicate else 202)
 
     def _check_policy(self, event: ElasticEvent) -> None:
         """Rules on the event against what the API knows (409 naming the rule): training events
@@ -425,7 +411,7 @@ class AdminApp:
             cap = self.policy.max_preemptible_gpus
             if cap is not None:
                 have = {str(g["gpu_id"]) for g in state.get("gpus", []) if g.get("zone") == "preemptible"}
-                have |= self.book.pending_grant_gpus()
+                have |= self.control.door.pending_grant_gpus()
                 new = {g.gpu_id for g in event.gpus} - have
                 if len(have) + len(new) > cap:
                     raise ApiError(409, "over_capacity",
@@ -434,26 +420,12 @@ class AdminApp:
                                    [s.FieldError(field="gpus", reason=f"at most {max(cap - len(have), 0)} more")])
 
     def settle(self) -> None:
-        """Mark finished grants and notices ``done`` against the current table (``EventBook.settle``)."""
-        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
+        """Mark finished grants and notices ``done`` against the current table (``EventDoor.settle``)."""
+        self.control.door.settle()
 
     async def replay(self) -> dict[str, int]:
-        """Submit again every accepted grant and reclaim notice the controller has not finished
-        (after a restart on the journal; ``pearl.admin.events``). Returns counts by outcome."""
-        out = {"replayed": 0, "done": 0}
-        self.book.settle(g["gpu_id"] for g in self.control.state_dict().get("gpus", []))
-        for rec in self.book.replayable():
-            event = _from_journal(rec, self._clock_now(), self._wall_now())
-            try:
-                res = await self.control.submit(event)
-            except (UnknownResourceError, ValueError) as e:
-                log.info("journaled event %s %s: nothing to replay (%s)", rec.kind, rec.event_id, e)
-                self.book.set_status(rec.event_id, "done")
-                out["done"] += 1
-                continue
-            out["replayed"] += 1
-            log.info("journaled event %s %s replayed: %s", rec.kind, rec.event_id, res.detail)
-        return out
+        """Submit again the journaled grants and notices not yet finished (``EventDoor.replay``)."""
+        return await self.control.door.replay()
 
     @staticmethod
     def _event_id(key: str | None, body_id: str | None) -> str:
@@ -467,14 +439,14 @@ class AdminApp:
     def _digest(request: web.Request, m: BaseModel) -> str:
         return IdempotencyLedger.digest(request.path, m.model_dump_json(exclude={"event_id"}).encode())
 
-    async def _grant(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _grant(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.GpusGrantedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.GpusGrantedIn)
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus),
                          event_id=self._event_id(key, m.event_id))
-        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
+        return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
-    async def _reclaim(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _reclaim(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.ReclaimNoticeIn, self.spec.read_timeout_s)
         assert isinstance(m, s.ReclaimNoticeIn)
         event_id = self._event_id(key, m.event_id)
@@ -492,37 +464,36 @@ class AdminApp:
             else:
                 assert m.deadline is not None
                 deadline = cloud.wall_to_clock(m.deadline.timestamp(), now_c, now_w)
-            return ReclaimNotice(gpu_ids, deadline, notice_id=m.notice_id or event_id, event_id=event_id)
+            return ReclaimNotice(gpu_ids, deadline, notice_id=m.notice_id or "", event_id=event_id)
 
-        return _Prepared(event_id, "reclaim_notice", digest, resolve, m.notice_id or event_id,
-                         IdempotencyLedger.digest("notice", m.model_dump_json(exclude={"event_id"}).encode()))
+        return Arrival(event_id, digest, EventKind.RECLAIM_NOTICE, resolve, m.instance_id)
 
-    async def _cancel(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _cancel(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.NoticeCancelledIn, self.spec.read_timeout_s)
         assert isinstance(m, s.NoticeCancelledIn)
         ev = NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id))
-        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
+        return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
-    async def _training_started(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _training_started(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.TrainingStartedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingStartedIn)
         ev = TrainingStarted(m.step, event_id=self._event_id(key, m.event_id))
-        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
+        return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
-    async def _training_finished(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _training_finished(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.TrainingFinishedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingFinishedIn)
         ev = TrainingFinished(m.step, m.weight_version, m.expected_idle_s, event_id=self._event_id(key, m.event_id))
-        return _Prepared(ev.event_id, ev.kind.value, self._digest(request, m), lambda: ev)
+        return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
-    async def _eventbridge(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _eventbridge(self, request: web.Request, key: str | None) -> Arrival:
         m = await _read_model(request, s.AwsSpotInterruptionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.AwsSpotInterruptionIn)
         return self._cloud_notice(cloud.from_eventbridge(m), key, self._digest(request, m))
 
-    async def _instance_action(self, request: web.Request, key: str | None) -> _Prepared:
+    async def _instance_action(self, request: web.Request, key: str | None) -> Arrival:
         instance_id = request.query.get("instance_id")
-        if instance_id is None or not _IDENT.match(instance_id):
+        if instance_id is None or not _ident(instance_id):
             reason = "required" if instance_id is None else f"must match {s.IDENT_PATTERN}"
             raise ApiError(422, "validation", f"query parameter instance_id: {reason}",
                            [s.FieldError(field="instance_id", reason=reason)])
@@ -531,7 +502,7 @@ class AdminApp:
         digest = IdempotencyLedger.digest(f"{request.path}?{instance_id}", m.model_dump_json().encode())
         return self._cloud_notice(cloud.from_instance_action(m, instance_id), key, digest)
 
-    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None, digest: str, node: str | None = None) -> _Prepared:
+    def _cloud_notice(self, n: cloud.CloudNotice, key: str | None, digest: str, node: str | None = None) -> Arrival:
         """A cloud notice names its instance: the notice id is the instance id, and every cloud notice
         for one instance (EventBridge warning, metadata document, a node watcher's) is one notice.
         ``node``: a watcher's node, whose preemptible GPUs are meant when the instance is unknown."""
@@ -541,26 +512,21 @@ class AdminApp:
         def resolve() -> ElasticEvent:
             try:
                 gpu_ids = self._instance(n.instance_id)
-            except ApiError:
+            except UnknownResourceError:
                 spot = [g["gpu_id"] for g in self.control.state_dict().get("gpus", [])
                         if node is not None and g.get("node") == node and g.get("zone") == "preemptible"]
                 if not spot:
                     raise
                 gpu_ids = tuple(sorted(spot))
-            return ReclaimNotice(gpu_ids, cloud.wall_to_clock(n.deadline_wall, now_c, now_w),
-                                 notice_id=n.instance_id, event_id=event_id)
+            return ReclaimNotice(gpu_ids, cloud.wall_to_clock(n.deadline_wall, now_c, now_w), event_id=event_id)
 
-        return _Prepared(event_id, "reclaim_notice", digest, resolve, n.instance_id, f"cloud:{n.instance_id}")
+        return Arrival(event_id, digest, EventKind.RECLAIM_NOTICE, resolve, n.instance_id)
 
     def _instance(self, instance_id: str) -> tuple[str, ...]:
-        try:
-            gpus = self.control.instance_gpus(instance_id)
-        except UnknownResourceError as e:
-            raise ApiError(404, "not_found", f"{e}: no GPU was registered with this instance",
-                           [s.FieldError(field="instance_id", reason=str(e))]) from None
+        """The GPUs registered with a cloud instance (``UnknownResourceError``, 404, when none is)."""
+        gpus = self.control.instance_gpus(instance_id)
         if not gpus:
-            raise ApiError(404, "not_found", f"instance {instance_id!r} has no GPU in the cluster",
-                           [s.FieldError(field="instance_id", reason="no GPU registered")])
+            raise UnknownResourceError("instance", instance_id)
         return tuple(gpus)
 
     # ------------------------------------------------------------------ reads
@@ -599,28 +565,8 @@ class AdminApp:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _get_health(self, request: web.Request) -> web.StreamResponse:
-        return json_response({"status": "ok"})
-
-
-def _gpu_ids(event: ElasticEvent) -> tuple[str, ...]:
-    if isinstance(event, GpusGranted):
-        return tuple(g.gpu_id for g in event.gpus)
-    if isinstance(event, ReclaimNotice):
-        return event.gpu_ids
-    return ()
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A parsed event request: its id and digests, and how to build the event (``resolve`` may look
-    an instance up: 404), which runs only once the idempotency checks passed."""
-
-    event_id: str
-    kind: str
-    digest: str
-    resolve: Callable[[], ElasticEvent]
-    notice_id: str | None = None
-    notice_digest: str | None = None
+        fault = self.control.door.fault
+        return json_response({"status": "ok"} if fault is None else {"status": "degraded", "journal": fault})
 
 
 @dataclass(frozen=True, slots=True)
@@ -645,39 +591,6 @@ def _rank_nodes() -> set[str]:
     except ValueError:
         world = 1
     return {f"node{r}" for r in range(world)}
-
-
-def _journaled_gpus(rec: JournaledEvent) -> list[str]:
-    if rec.kind == "gpus_granted":
-        return [str(g["gpu_id"]) for g in rec.body.get("gpus", [])]
-    return [str(g) for g in rec.body.get("gpu_ids", [])]
-
-
-def _journal_body(event: ElasticEvent, now_c: float, now_w: float) -> dict[str, Any]:
-    """The event as JSON data for the journal; a deadline as wall-clock POSIX seconds."""
-    if isinstance(event, GpusGranted):
-        return {"gpus": [{"gpu_id": g.gpu_id, "node": g.node, "instance_id": g.instance_id} for g in event.gpus]}
-    if isinstance(event, ReclaimNotice):
-        return {"gpu_ids": list(event.gpu_ids), "deadline_wall": now_w + (event.deadline - now_c),
-                "notice_id": event.notice_id}
-    if isinstance(event, NoticeCancelled):
-        return {"notice_id": event.notice_id}
-    if isinstance(event, TrainingStarted):
-        return {"step": event.step}
-    if isinstance(event, TrainingFinished):
-        return {"step": event.step, "weight_version": event.weight_version, "expected_idle_s": event.expected_idle_s}
-    return {}
-
-
-def _from_journal(rec: JournaledEvent, now_c: float, now_w: float) -> ElasticEvent:
-    b = rec.body
-    if rec.kind == "gpus_granted":
-        return GpusGranted(tuple(GrantedGpu(g["gpu_id"], g["node"], g.get("instance_id")) for g in b["gpus"]),
-                           event_id=rec.event_id)
-    if rec.kind == "reclaim_notice":
-        return ReclaimNotice(tuple(b["gpu_ids"]), cloud.wall_to_clock(float(b["deadline_wall"]), now_c, now_w),
-                             notice_id=str(b.get("notice_id") or rec.event_id), event_id=rec.event_id)
-    raise ValueError(f"journaled event {rec.event_id!r} of kind {rec.kind!r} is not replayed")
 
 
 def build_app(
@@ -725,6 +638,15 @@ class _Protocol(RequestHandler):
             self._head_timer = None
         super().connection_lost(exc)
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A body the decoder rejects (a corrupt gzip stream) is answered 400 by the handler; here it
+        is one warning line, not a second traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ContentEncodingError):
+            log.warning("admin API: a request body could not be decoded (%s)", type(exc).__name__)
+            return
+        super().log_exception(*args, **kw)
+
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> StreamResponse:
         if status >= 500:
@@ -768,13 +690,12 @@ class AdminServer:
 
     def __init__(self, control: ControlPlane, spec: AdminSpec, clock_now: Callable[[], float],
                  host: str | None = None, port: int | None = None, env: dict[str, str] | None = None,
-                 nodes: NodesProvider | None = None, journal: Journal | None = None,
-                 policy: EventPolicy | None = None) -> None:
+                 nodes: NodesProvider | None = None, policy: EventPolicy | None = None) -> None:
         self.host = host if host is not None else spec.host
         self.port = port if port is not None else spec.port
         self.token = resolve_token(spec.token, env)
         check_listen(self.host, self.token)
-        self.admin = AdminApp(control, spec, self.token, clock_now, nodes=nodes, journal=journal, policy=policy)
+        self.admin = AdminApp(control, spec, self.token, clock_now, nodes=nodes, policy=policy)
         self._read_timeout_s = spec.read_timeout_s
         self.app = self.admin.build()
         self._runner: web.AppRunner | None = None

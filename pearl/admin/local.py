@@ -6,17 +6,20 @@ uses ``pearl.runtime.controller.Controller``. Semantics (simplified on purpose, 
 
 - ``GpusGranted``: each GPU joins the preemptible zone with one colocated worker (``w-<gpu>``),
   ``initializing`` (there is no engine to bring it up). A GPU already in the table -> ValueError.
-- ``ReclaimNotice``: unknown GPU -> UnknownResourceError; the notice is held until its deadline,
-  then its GPUs (and their workers) are removed. Deadlines are checked lazily on every call.
+- ``ReclaimNotice``: unknown GPU -> UnknownResourceError; the notice is held, under its
+  ``ReclaimKey``, until its deadline (a notice for a held key moves the deadline to the earliest
+  given), then its GPUs (and their workers) are removed. Deadlines are checked lazily on every call.
 - ``NoticeCancelled``: unknown (or already expired) notice -> UnknownResourceError.
 - ``TrainingStarted``: serving overlap workers drain to inactive; overlap GPUs are un-lent.
 - ``TrainingFinished``: overlap GPUs are lent; inactive overlap workers become active.
 
-Every event id is applied at most once (``SubmitResult(duplicate=True)`` on a repeat).
+Events enter through the same door as a real run's (``pearl.runtime.door.EventDoor``, durable
+with a ``journal``): an event id is applied at most once.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,16 +29,20 @@ from pearl.core.events import (
     ElasticEvent,
     GpusGranted,
     NoticeCancelled,
+    ReclaimKey,
     ReclaimNotice,
     TrainingFinished,
     TrainingStarted,
 )
 from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
 from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
+from pearl.runtime.door import EventDoor
+from pearl.runtime.journal import Journal
 
 
 @dataclass(frozen=True, slots=True)
 class _Notice:
+    notice_id: str
     gpu_ids: tuple[str, ...]
     deadline: float
 
@@ -47,24 +54,27 @@ class StateControlPlane:
         now: Callable[[], float],
         config: dict[str, Any] | None = None,
         history_len: int = 1000,
+        journal: Journal | None = None,
+        wall_now: Callable[[], float] = time.time,
+        clock_epoch: str | None = None,
     ) -> None:
         self.state = state
         self._now = now
         self._t0 = now()
         self._config = config or {}
-        self._seen: set[str] = set()
-        self._notices: dict[str, _Notice] = {}
+        self._notices: dict[ReclaimKey, _Notice] = {}
         self._history: deque[dict[str, Any]] = deque(maxlen=history_len)
         self.events_applied = 0
+        self.door = EventDoor(self._submit, self._gpu_ids, journal, now, wall_now,
+                              clock_epoch)
 
     # ------------------------------------------------------------------ ControlPlane
-    async def submit(self, event: ElasticEvent) -> SubmitResult:
+    async def submit(self, event: ElasticEvent, source: str = "trace") -> SubmitResult:
+        return await self.door.submit(event, source)
+
+    async def _submit(self, event: ElasticEvent) -> SubmitResult:
         self._expire()
-        if event.event_id and event.event_id in self._seen:
-            return SubmitResult(applied=False, duplicate=True, event_id=event.event_id)
         detail = self._apply(event)
-        if event.event_id:
-            self._seen.add(event.event_id)
         self.events_applied += 1
         self._history.append(
             {"type": "event", "kind": event.kind.value, "event_id": event.event_id, "t": self._now(), "detail": detail}
@@ -93,6 +103,10 @@ class StateControlPlane:
     def config_dict(self) -> dict[str, Any]:
         return dict(self._config)
 
+    def _gpu_ids(self) -> list[str]:
+        self._expire()
+        return list(self.state.gpus)
+
     # ------------------------------------------------------------------ events
     def _apply(self, event: ElasticEvent) -> str:
         if isinstance(event, GpusGranted):
@@ -111,11 +125,13 @@ class StateControlPlane:
                 if gid not in self.state.gpus:
                     raise UnknownResourceError("GPU", gid)
             nid = event.notice_id or event.event_id
-            self._notices[nid] = _Notice(tuple(event.gpu_ids), event.deadline)
+            held = self._notices.get(event.key)
+            deadline = min(event.deadline, held.deadline) if held is not None else event.deadline
+            self._notices[event.key] = _Notice(nid, tuple(event.gpu_ids), deadline)
             self._expire()
-            return f"notice {nid}: {len(event.gpu_ids)} GPU(s) reclaimed at t={event.deadline:.3f}"
+            return f"notice {nid}: {len(event.gpu_ids)} GPU(s) reclaimed at t={deadline:.3f}"
         if isinstance(event, NoticeCancelled):
-            if self._notices.pop(event.notice_id, None) is None:
+            if self._notices.pop(event.key, None) is None:
                 raise UnknownResourceError("notice", event.notice_id)
             return f"notice {event.notice_id} cancelled"
         if isinstance(event, TrainingStarted):
@@ -139,9 +155,9 @@ class StateControlPlane:
 
     def _expire(self) -> None:
         now = self._now()
-        for nid, n in list(self._notices.items()):
+        for key, n in list(self._notices.items()):
             if n.deadline <= now:
-                del self._notices[nid]
+                del self._notices[key]
                 present = [g for g in n.gpu_ids if g in self.state.gpus]
                 self.state = self.state.remove_gpus(present)
-                self._history.append({"type": "reclaim", "notice_id": nid, "gpu_ids": present, "t": now})
+                self._history.append({"type": "reclaim", "notice_id": n.notice_id, "gpu_ids": present, "t": now})

@@ -55,7 +55,7 @@ ROUTES: tuple[RouteDoc, ...] = (
     RouteDoc("POST", "/v1/cloud/aws/instance-action", "awsInstanceAction",
              "EC2 instance metadata spot/instance-action document for one instance",
              s.InstanceActionIn, s.EventAcceptedOut, 202, (*_EVENT_ERRORS, 404), event=True,
-             query=(("instance_id", {"type": "string", "pattern": s.IDENT_PATTERN}, True,
+             query=(("instance_id", {"type": "string", "pattern": s.IDENT_PATTERN, "maxLength": s.IDENT_MAX}, True,
                      "the instance the document came from (metadata instance-id)"),)),
     RouteDoc("GET", "/v1/state", "getState", "The GPU-worker-role table", ok=s.StateOut, errors=(401, 429)),
     RouteDoc("GET", "/v1/decision", "getDecision", "The current PD decision with every candidate's makespan",
@@ -127,7 +127,7 @@ def _operation(r: RouteDoc) -> dict[str, Any]:
                 "name": IDEMPOTENCY_HEADER,
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "pattern": s.IDENT_PATTERN},
+                "schema": {"type": "string", "pattern": s.IDENT_PATTERN, "maxLength": s.IDENT_MAX},
                 "description": "event id; a repeated key is applied once (also accepted as body event_id)",
             }
         )

@@ -4,9 +4,10 @@ These models are the single source of truth for validation (a bad field -> 422 n
 the OpenAPI document (``pearl.admin.openapi`` renders their JSON Schemas). Request models forbid
 unknown keys (a typo must not be silently ignored); the AWS shapes allow them (AWS adds fields).
 
-Identifiers (GPU, node, instance, notice, event ids) are 1-128 characters from ``[A-Za-z0-9._:/@+-]``:
-wide enough for ``i-0abc...`` instance ids and ARNs' tails, narrow enough that nothing a client sends
-can inject into a log line. Floats reject NaN and infinity. Numbers are JSON numbers: ``true`` is
+Identifiers (GPU, node, instance, notice, event ids) are 1-128 characters from ``[A-Za-z0-9._:@+-]``
+with dots only between other characters: wide enough for ``i-0abc...`` instance ids and versioned
+names, narrow enough that nothing a client sends can inject into a log line or name a path (no
+separator, no ``..``, no leading dot: worker ids and server folders are built from these ids). Floats reject NaN and infinity. Numbers are JSON numbers: ``true`` is
 not a number and ``"3"`` not a step (``Int`` / ``Num``).
 """
 
@@ -18,8 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.json_schema import WithJsonSchema
 
-IDENT_PATTERN = r"^[A-Za-z0-9._:/@+\-]{1,128}$"
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENT_PATTERN)]
+IDENT_PATTERN = r"^[A-Za-z0-9_:@+\-]+(\.[A-Za-z0-9_:@+\-]+)*$"
+IDENT_MAX = 128
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=IDENT_MAX, pattern=IDENT_PATTERN)]
 
 #: A reclaim deadline further away than this is rejected (clouds give minutes, not days).
 MAX_DEADLINE_S = 86_400.0
@@ -91,10 +93,12 @@ class ReclaimNoticeIn(_In):
     # and has no ``default`` (a default of null would not match the field's own schema)
     gpu_ids: Annotated[
         list[Ident] | None,
-        WithJsonSchema({"type": "array", "items": {"type": "string", "pattern": IDENT_PATTERN},
+        WithJsonSchema({"type": "array", "items": {"type": "string", "pattern": IDENT_PATTERN, "minLength": 1,
+                                                    "maxLength": IDENT_MAX},
                         "minItems": 1, "maxItems": 1024}),
     ] = Field(default=None, min_length=1, max_length=1024, json_schema_extra=_no_default)
-    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN})] = Field(
+    instance_id: Annotated[Ident | None, WithJsonSchema({"type": "string", "pattern": IDENT_PATTERN,
+                                                         "minLength": 1, "maxLength": IDENT_MAX})] = Field(
         default=None, json_schema_extra=_no_default)
     deadline_in_s: Annotated[
         Num | None, WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S})
@@ -151,7 +155,12 @@ class TrainingStartedIn(_In):
 class TrainingFinishedIn(_In):
     step: Int = Field(ge=0, le=2**31)
     weight_version: Int = Field(ge=0, le=2**31)
-    expected_idle_s: Num | None = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
+    # the JSON Schema written out: pydantic renders the bounds of ``Num | None`` as "ge" / "le",
+    # which are no JSON Schema keywords (a client generated from the document would not see them)
+    expected_idle_s: Annotated[
+        Num | None,
+        WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_DEADLINE_S}, {"type": "null"}]}),
+    ] = Field(default=None, ge=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
     event_id: Ident | None = None
 
 
@@ -262,4 +271,5 @@ class NodesOut(_Out):
 
 
 class HealthOut(_Out):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: the service runs but cannot journal")
+    journal: str | None = Field(default=None, description="why the journal cannot write (disk full, I/O error)")

@@ -96,7 +96,7 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, on_bat
     replayed: dict[str, int] = {}
     driver: asyncio.Task[None] | None = None
     if events is not None:
-        app = AdminApp(ctrl, AdminSpec(port=0), None, clock.now, _time.time, clock.now, journal=journal,
+        app = AdminApp(ctrl, AdminSpec(port=0), None, clock.now, _time.time, clock.now,
                        policy=EventPolicy(training_owner="the emulated trainer",
                                           max_preemptible_gpus=cfg.cluster.max_preemptible_gpus))
         replayed = await app.replay()
@@ -117,7 +117,7 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, on_bat
             await asyncio.gather(driver, return_exceptions=True)
         await trainer.stop()
         if app is not None:
-            app.book.settle(g["gpu_id"] for g in ctrl.state_dict()["gpus"])
+            app.settle()
         stats = {"replayed_parts": getattr(ctrl.engine, "replayed_parts", 0),
                  "replayed_tokens": getattr(ctrl.engine, "replayed_tokens", 0),
                  "replay_mismatches": getattr(ctrl.engine, "replay_mismatches", 0),
@@ -140,8 +140,9 @@ def event_driver(seed: int) -> Any:
         import time as _time
 
         from pearl.admin.app import ApiError
+        from pearl.core.events import EventKind
 
-        k = sum(1 for e in app.book._events.values() if e.kind == "gpus_granted")
+        k = app.control.door.count(EventKind.GPUS_GRANTED)
         rng = random.Random(seed * 1000 + k)
         while True:
             await clock.sleep(rng.uniform(20.0, 90.0))

@@ -26,14 +26,16 @@ Virtual-time rules (written down because they are choices):
   ``VirtualTimeDeadlock`` naming the situation - in a replay that is a bug (every task waits on an
   event nobody will set), not a reason to hang until the test timeout;
 * threads (``run_in_executor``) run in real time; virtual time does not wait for them while timers
-  are pending. Replays do not use threads.
+  are pending, except for work registered with ``hold_time`` (the journal's writer thread): while
+  such work is in flight the loop waits for it in real time, as above, and time stands still.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
@@ -144,7 +146,7 @@ class _VirtualSelector:
         ready = self._inner.select(0)
         if ready or timeout == 0:
             return ready
-        if timeout is None:
+        if timeout is None or self._loop.holds:
             ready = self._inner.select(self._idle)
             if not ready:
                 raise VirtualTimeDeadlock(
@@ -169,6 +171,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self, start: float = 0.0, idle_timeout_s: float = 30.0) -> None:
         super().__init__()
         self._virtual_now = float(start)
+        #: real work in flight (``hold_time``): while it is positive, time does not jump
+        self.holds = 0
         # duck-typed stand-in (select() wrapped, the rest delegated by __getattr__), not a BaseSelector subclass
         self._selector = _VirtualSelector(self._selector, self, idle_timeout_s)  # type: ignore[assignment]
         # Timers due within the clock resolution run in the same iteration; keep it tiny so that
@@ -190,6 +194,48 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             if self._virtual_now <= when <= target + 1e-9 * max(1.0, abs(target)):
                 target = when
         self._virtual_now = max(self._virtual_now, target)
+
+
+def hold_time(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Keep ``loop``'s virtual time still until the returned ``release`` is called (from any thread):
+    a journal write on the writer thread is real work the replay waits for, as it would on a real
+    clock. On any other loop this holds nothing."""
+    if not isinstance(loop, VirtualTimeLoop):
+        return _nothing
+    loop.holds += 1
+    released = False
+
+    def _release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            loop.holds -= 1
+
+    def release() -> None:
+        if loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(_release)
+
+    return release
+
+
+def _nothing() -> None:
+    return None
+
+
+def clock_epoch(loop: asyncio.AbstractEventLoop) -> str | None:
+    """The origin of a real loop's clock, as a name: the boot it runs in (asyncio's and uvloop's
+    ``time()`` count CLOCK_MONOTONIC, which starts at boot and never steps). A deadline kept with
+    its epoch is the same instant for another process of the same boot. None for a virtual loop
+    (its time is its own) or where the boot cannot be named."""
+    if isinstance(loop, VirtualTimeLoop):
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return "boot:" + f.read().strip()
+    except OSError:
+        return None
 
 
 def run_virtual(main: Coroutine[Any, Any, T], start: float = 0.0, idle_timeout_s: float = 30.0) -> T:

@@ -4,8 +4,9 @@
 Protocol, so the admin API can be tested against any implementation and never reaches into the
 schedulers.
 
-``submit`` is idempotent on ``event.event_id``: a repeated id returns ``SubmitResult(applied=False,
-duplicate=True)`` and changes nothing. Unknown GPUs / instances raise ``UnknownResourceError``
+Every outside event enters through ``door`` (``pearl.runtime.door.EventDoor``: idempotent on the
+client's ``event_id``, journaled before it is acknowledged, a reclaim named by its ``ReclaimKey``);
+``submit`` is that door for an event built in this process. Unknown GPUs / instances raise ``UnknownResourceError``
 (the admin API maps it to 404); an event the controller rejects against its current state raises
 ``ValueError`` with a message naming the field (-> 409 Conflict: the request itself was valid;
 schema validation failures are answered 422 by the admin API before reaching the controller).
@@ -14,9 +15,12 @@ schema validation failures are answered 422 by the admin API before reaching the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pearl.core.events import ElasticEvent
+
+if TYPE_CHECKING:
+    from pearl.runtime.door import EventDoor
 
 
 class UnknownResourceError(LookupError):
@@ -55,8 +59,10 @@ class Progress:
 
 @runtime_checkable
 class ControlPlane(Protocol):
-    async def submit(self, event: ElasticEvent) -> SubmitResult:
-        """Queue an elastic event (grant / reclaim / cancel / training started / finished)."""
+    door: EventDoor
+
+    async def submit(self, event: ElasticEvent, source: str = "trace") -> SubmitResult:
+        """An elastic event (grant / reclaim / cancel / training started / finished) through the door."""
         ...
 
     def instance_gpus(self, instance_id: str) -> tuple[str, ...]:

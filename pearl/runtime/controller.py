@@ -48,7 +48,9 @@ import asyncio
 import collections
 import contextlib
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from statistics import median
 from typing import Any, Protocol
 
@@ -63,6 +65,7 @@ from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
 from pearl.runtime.clock import Clock, LoopClock
 from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
+from pearl.runtime.door import EventDoor
 from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
 from pearl.runtime.journal import Journal, JournaledEngine, JournalHooks, RecoveredRun, restart_state
@@ -99,9 +102,13 @@ class Controller:
         registry: WeightRegistry | None = None,
         on_trajectory_done: Callable[[TrajectoryRecord], None] | None = None,
         state_listeners: Sequence[Callable[[ClusterState], None]] = (),
+        wall_now: Callable[[], float] = time.time,
+        clock_epoch: str | None = None,
     ) -> None:
-        """``on_trajectory_done``: called with every completed trajectory (after the journal has it);
-        ``state_listeners``: called with every new ``ClusterState`` (after the journal)."""
+        """``on_trajectory_done``: called with every completed trajectory (once the journal has it on
+        disk); ``state_listeners``: called with every new ``ClusterState`` (after the journal's);
+        ``wall_now`` / ``clock_epoch``: UTC and the clock's origin for the door's deadlines
+        (``pearl.runtime.door``)."""
         self.cfg = cfg
         #: where published versions are looked up when ``publish`` gets no path (the trainer
         #: registers its snapshots there; workers pull the folder lazily)
@@ -156,6 +163,9 @@ class Controller:
         self.elastic = ElasticScheduler(cfg, self.clock, self.executor, self.rebuilder, self.toggle, self.tracker,
                                         self.pipeline, shrink_margin_s=shrink_margin_s,
                                         expected_lifetime_s=expected_lifetime_s)
+        #: the one door of outside events (admin API, cloud watchers, lost nodes, trace replay)
+        self.door = EventDoor(self.elastic.submit, lambda: self.executor.state.gpus, journal, self.clock.now,
+                              wall_now, clock_epoch)
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.train_steps = 0
@@ -230,6 +240,8 @@ class Controller:
         trained on it is durable (``batch_trained``; ``publish`` calls it): a batch the trainer held
         when the service stopped is delivered again, as journaled, after a restart."""
         batch = await self.pipeline.next_batch()
+        if self.journal is not None:
+            await self.journal.flush()  # the batch is on disk before the trainer has it
         self._taken.append([r.traj_id for r in batch])
         return batch
 
@@ -246,7 +258,8 @@ class Controller:
         self._trained.extend(self._taken.popleft())
         if durable:
             if self.journal is not None:
-                self.journal.record_consumed(self._trained)
+                j, ids = self.journal, list(self._trained)
+                j.post(lambda: j.record_consumed(ids), "consumed batch")
             self._trained.clear()
 
     async def notify(self, event: ElasticEvent) -> SubmitResult:
@@ -259,6 +272,8 @@ class Controller:
         no batch was taken, as when initial weights are published)."""
         if self._taken:
             self.batch_trained(durable)
+            if self.journal is not None:
+                await self.journal.flush()  # the trained batch is on disk before the update counts
         if version <= self._weights[0]:
             return
         if path is None and self.registry is not None and version in self.registry.versions():
@@ -294,10 +309,23 @@ class Controller:
         self.elastic.worker_failed(worker_id, reason)
 
     def _on_trajectory_done(self, record: TrajectoryRecord) -> None:
-        if self._record_trajectory is not None:
-            self._record_trajectory(record)
-        if self._trajectory_done is not None:
-            self._trajectory_done(record)
+        """Journal the trajectory (queued on the writer thread); ``on_trajectory_done`` hears of it
+        once it is on disk (an acknowledged trajectory survives a ``kill -9``)."""
+        done = self._trajectory_done
+        if self._record_trajectory is None:
+            if done is not None:
+                done(record)
+            return
+        fut = self._record_trajectory(record)
+        if done is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def landed(f: Future[bool]) -> None:
+            if not f.cancelled() and f.exception() is None and not loop.is_closed():
+                loop.call_soon_threadsafe(done, record)
+
+        fut.add_done_callback(landed)
 
     async def _on_batch_done(self, r: int, records: list[TrajectoryRecord]) -> None:
         # ``run_batch(r)`` appended its makespan just before this call (no await in between)
@@ -314,8 +342,9 @@ class Controller:
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
 
     # ------------------------------------------------------------------ ControlPlane
-    async def submit(self, event: ElasticEvent) -> SubmitResult:
-        return await self.elastic.submit(event)
+    async def submit(self, event: ElasticEvent, source: str = "trace") -> SubmitResult:
+        """An outside event built in this process (trace replay, a lost node, tools): through the door."""
+        return await self.door.submit(event, source)
 
     def instance_gpus(self, instance_id: str) -> tuple[str, ...]:
         gpus = self.executor.state.gpus_of_instance(instance_id)
@@ -345,7 +374,8 @@ class Controller:
             throughput_traj_per_h=st.trajectories_completed / (up / 3600.0) if up > 0 else 0.0,
             uptime_s=up,
             extra={"allocation": None if self.elastic.allocation is None else self.elastic.allocation.label,
-                   "reconfigurations": dict(self.elastic.reconfigurations)},
+                   "reconfigurations": dict(self.elastic.reconfigurations),
+                   "journal": self.door.fault},
         )
 
     def config_dict(self) -> dict[str, Any]:

@@ -18,7 +18,11 @@ GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_pre
                   reserved GPU gets a new worker through a background expansion)
 ReclaimNotice     urgent: a timer starts the shrink at ``deadline - shrink_margin_s`` (at once if
                   that has passed); the shrink runs *outside* the queue so a long handler cannot
-                  delay it; then a re-plan of the survivors is queued
+                  delay it; then a re-plan of the survivors is queued. Notices are keyed by their
+                  ``ReclaimKey``: a notice for a key already armed tightens it (the earliest
+                  deadline wins: the timer is re-armed earlier, never later). A finished shrink
+                  takes its GPUs out of every other notice (a notice left with none is dropped
+                  with its timer), so no timer outlives the grant it was armed for
 NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
 TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); the submitter's
                   ``wait`` resolves as soon as the GPUs are back; then survivors are re-planned
@@ -43,8 +47,8 @@ how long the budget holds) are pure functions of a frozen ``PoolOutlook`` (``out
 decision in force, lent GPUs, reclaim notices, expansions in preparation, measured costs) in
 ``pearl.core.outlook``.
 
-Idempotency: an ``event_id`` is applied at most once (a repeat returns ``duplicate=True``).
-Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
+Idempotency is the door's (``pearl.runtime.door``): the scheduler handles every event it is
+given, so a client's id can never suppress one of the runtime's own. Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
 Reconfigurations are counted by kind in ``reconfigurations``.
 
 Public names: ``ElasticScheduler``, ``ReplanOutcome``.
@@ -66,6 +70,7 @@ from pearl.core.events import (
     GpusGranted,
     NoticeCancelled,
     ProfileRefit,
+    ReclaimKey,
     ReclaimNotice,
     TrainingFinished,
     TrainingStarted,
@@ -123,6 +128,7 @@ class _WorkerFailed:
 
 @dataclass
 class _Notice:
+    key: ReclaimKey
     notice_id: str
     gpus: tuple[str, ...]
     deadline: float
@@ -199,10 +205,10 @@ class ElasticScheduler:
         #: batch's start (``outlook.remaining_s``)
         self._speeds: list[tuple[float, float]] = []
         self.granted_at: dict[str, float] = {}
-        self.notices: dict[str, _Notice] = {}
+        self.notices: dict[ReclaimKey, _Notice] = {}
+        self._queued_notices: Counter[ReclaimKey] = Counter()  # submitted, not handled yet
         self.shrinks: list[dict[str, Any]] = []
         self.gate_log: list[dict[str, Any]] = []
-        self._seen: set[str] = set()
         self._queue: asyncio.Queue[tuple[object, asyncio.Future[None] | None]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._pending = 0
@@ -249,11 +255,9 @@ class ElasticScheduler:
         """Validate and queue ``event``; with ``wait`` return once it has been handled (for
         ``TrainingStarted``: once the borrowed GPUs are back)."""
         eid = event.event_id
-        if eid and eid in self._seen:
-            return SubmitResult(applied=False, duplicate=True, event_id=eid, detail="event id already applied")
         detail = self._validate(event)
-        if eid:
-            self._seen.add(eid)
+        if isinstance(event, ReclaimNotice):
+            self._queued_notices[event.key] += 1
         done: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if wait else None
         self._put(event, done)
         if done is not None:
@@ -284,15 +288,13 @@ class ElasticScheduler:
                                      "GPUs can be reclaimed")
             if not math.isfinite(ev.deadline):
                 raise ValueError(f"deadline: {ev.deadline} is not a finite clock time")
-            known = self.notices.get(ev.notice_id) if ev.notice_id else None
-            if known is not None:
-                if known.gpus == tuple(ev.gpu_ids) and known.deadline == ev.deadline:
-                    return f"notice {ev.notice_id} already scheduled (duplicate)"
-                raise ValueError(f"notice_id: {ev.notice_id} already names a notice for {list(known.gpus)} due "
-                                 f"by t={known.deadline:.1f}; one notice per id (cancel it first)")
+            known = self.notices.get(ev.key)
+            if known is not None and not known.started:
+                due = min(known.deadline, ev.deadline)
+                return f"reclaim {ev.key.label}: shrink due by t={due:.1f} (the earliest deadline given)"
             return f"shrink of {len(ev.gpu_ids)} GPUs due by t={ev.deadline:.1f}"
         if isinstance(ev, NoticeCancelled):
-            if ev.notice_id not in self.notices:
+            if ev.key not in self.notices and not self._queued_notices[ev.key]:
                 raise UnknownResourceError("notice", ev.notice_id)
             return "notice cancellation queued"
         return ""
@@ -302,6 +304,8 @@ class ElasticScheduler:
         if isinstance(ev, GpusGranted):
             await self._on_grant(ev)
         elif isinstance(ev, ReclaimNotice):
+            self._queued_notices[ev.key] -= 1
+            self._queued_notices += Counter()  # drop the zero counts
             self._on_notice(ev)
         elif isinstance(ev, NoticeCancelled):
             self._on_cancel(ev)
@@ -539,33 +543,62 @@ class ElasticScheduler:
         self._log("expand_admitted", group=grp.group_id, workers=admitted, wait_s=self.clock.now() - grp.started_at)
 
     def _on_notice(self, ev: ReclaimNotice) -> None:
-        nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
-        if nid in self.notices:  # one notice per id: its timer is armed already (a duplicate)
-            self._log("reclaim_notice_duplicate", notice=nid)
-            return
-        notice = _Notice(nid, tuple(ev.gpu_ids), ev.deadline)
-        self.notices[nid] = notice
         now = self.clock.now()
+        known = self.notices.get(ev.key)
+        if known is not None:  # the same reclaim again: the earliest deadline wins
+            if known.started or ev.deadline >= known.deadline:
+                self._log("reclaim_notice_kept", notice=known.notice_id, deadline=known.deadline,
+                          given=ev.deadline, started=known.started)
+                return
+            if known.timer is not None:
+                known.timer.cancel()
+            known.deadline = ev.deadline
+            start = max(now, ev.deadline - self.shrink_margin_s)
+            self._arm(known, start)
+            self._log("reclaim_notice_tightened", notice=known.notice_id, deadline=ev.deadline, shrink_at=start)
+            return
+        nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
+        notice = _Notice(ev.key, nid, tuple(ev.gpu_ids), ev.deadline)
+        self.notices[ev.key] = notice
         for g in ev.gpu_ids:
             t = self.granted_at.pop(g, None)
             if t is not None:
                 self.expected_lifetime_s += 0.3 * ((now - t) - self.expected_lifetime_s)
         start = max(now, ev.deadline - self.shrink_margin_s)
-        task = asyncio.get_running_loop().create_task(self._shrink_at(notice, start), name=f"shrink-{nid}")
+        self._arm(notice, start)
+        self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
+
+    def _arm(self, notice: _Notice, start: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._shrink_at(notice, start),
+                                                      name=f"shrink-{notice.notice_id}")
         notice.timer = task
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
-        self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
 
     async def _shrink_at(self, notice: _Notice, start: float) -> None:
         await self.clock.sleep_until(start)
         notice.started = True
         rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
-        self.notices.pop(notice.notice_id, None)
+        if self.notices.get(notice.key) is notice:
+            del self.notices[notice.key]
+        self._forget_gpus(set(notice.gpus))
         self.reconfigurations["shrink"] += 1
         self.shrinks.append(rep.to_dict())
         self._log("shrink", notice=notice.notice_id, **rep.to_dict())
         self._put(_Replan(f"re-plan survivors after reclaim {notice.notice_id}"))
+
+    def _forget_gpus(self, gone: set[str]) -> None:
+        """GPUs that left the table leave every other notice; a notice left with none is dropped
+        with its timer (a timer belongs to the grant it was armed for, never to a re-grant)."""
+        for key, n in list(self.notices.items()):
+            if n.started or not gone.intersection(n.gpus):
+                continue
+            n.gpus = tuple(g for g in n.gpus if g not in gone)
+            if not n.gpus:
+                if n.timer is not None:
+                    n.timer.cancel()
+                del self.notices[key]
+                self._log("notice_dropped", notice=n.notice_id, reason="its GPUs were reclaimed")
 
     def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:
         """A failed expansion leaves the planned topology short (e.g. a replacement prefill worker
@@ -596,13 +629,13 @@ class ElasticScheduler:
         await self.replan(f"worker {ev.worker_id} failed: replace it")
 
     def _on_cancel(self, ev: NoticeCancelled) -> None:
-        notice = self.notices.get(ev.notice_id)
+        notice = self.notices.get(ev.key)
         if notice is None or notice.started:
             self._log("notice_cancel_ignored", notice=ev.notice_id, reason="shrink already done")
             return
         if notice.timer is not None:
             notice.timer.cancel()
-        self.notices.pop(ev.notice_id, None)
+        del self.notices[ev.key]
         self._log("notice_cancelled", notice=ev.notice_id)
 
     # ------------------------------------------------------------------ intra-scale

@@ -25,8 +25,13 @@ process cannot lose it (tested: ``tests/reliability/test_journal.py`` kills a wr
 mid-stream and checks that every acknowledged write is recovered). ``synchronous="NORMAL"`` (the
 default) does not ``fsync`` on every commit, so a *power loss* may lose the last few
 transactions; pass ``synchronous="FULL"`` to pay one fsync per commit for that guarantee too.
-Calls are synchronous and take tens of microseconds (one small insert), so the runtime calls them
-on the event loop thread; a journal belongs to one thread.
+Every statement runs on the journal's one writer thread, in submission order, so the event loop
+never waits on the disk: the runtime queues its writes (``post``) and awaits those it acknowledges
+(``commit``: an event's 202, a completed trajectory before ``on_trajectory_done``, a trained batch
+before ``publish`` returns). A write that fails with an operational error (disk full, I/O error,
+a locked file) is retried with back-off, in order, and ``Journal.fault`` names the cause meanwhile
+(``/healthz`` and ``/v1/progress`` show it); the run goes on, its writes wait in memory, and they
+land, in order, once the disk takes them again.
 
 How the controller uses it (``Controller(..., journal=Journal(path))``, wired by ``attach``):
 
@@ -53,10 +58,11 @@ How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
      unfinished ones as ``abort`` so the pipeline continues with prompt + part), so no journaled
      token is generated again and none is lost; only the remainder is generated.
 
-Elastic events (table ``events``, written by ``pearl.admin.events.EventBook``): every event the
-admin API answers 202 is journaled first, with its payload digest (idempotency survives a
-restart), its notice id (one notice per id) and a status (``accepted`` -> ``done`` /
-``cancelled``); a restarted service replays the accepted grants and notices. The emulated trainer's
+Elastic events (table ``events``, written by ``pearl.runtime.door.EventDoor``): every outside event
+is journaled before it is acknowledged, with its payload digest (idempotency survives a restart),
+its reclaim key and a status (``accepted`` -> ``done`` / ``cancelled``); a notice's deadline as
+absolute UTC (and the clock's reading with its epoch); a restarted service replays the accepted
+grants and notices. The emulated trainer's
 policy version after a restart is ``trained_batches`` (one update per consumed batch).
 
 Idempotence. ``record_trajectory`` of an id that is already completed is ignored (returns False):
@@ -66,15 +72,23 @@ too (a late abort after completion must not resurrect it).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import queue
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus
+from pearl.runtime.clock import hold_time
 
 if TYPE_CHECKING:
     from pearl.core.state import ClusterState
@@ -113,12 +127,43 @@ CREATE TABLE IF NOT EXISTS events (
     body      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_notice ON events(notice_id);
+CREATE INDEX IF NOT EXISTS events_seq ON events(seq);
 """
 
 #: ``events.status``: ``accepted`` (journaled, answered 202, replayed after a restart), ``done``
 #: (nothing left to replay: a notice whose GPUs are gone, a grant whose GPUs are in the table, a
 #: training event), ``cancelled`` (a notice withdrawn by ``NoticeCancelled``)
 EventStatus = Literal["accepted", "done", "cancelled"]
+
+
+log = logging.getLogger("pearl.journal")
+T = TypeVar("T")
+
+
+def _no_hold() -> None:
+    return None
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    done = threading.Event()
+
+    def once() -> None:
+        if not done.is_set():
+            done.set()
+            release()
+
+    return once
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One call on the writer thread: ``op`` runs there, its outcome goes to ``future``;
+    ``release`` lets a virtual-time replay move on (``pearl.runtime.clock.hold_time``)."""
+
+    op: Callable[[], Any]
+    future: Future[Any]
+    release: Callable[[], None]
+    what: str
 
 
 class JournalError(RuntimeError):
@@ -223,13 +268,22 @@ def record_from_json(text: str) -> TrajectoryRecord:
 
 # ------------------------------------------------------------------------------------ journal
 class Journal:
-    """A durable journal in one SQLite file (WAL mode). See the module docstring for the contract."""
+    """A durable journal in one SQLite file (WAL mode). See the module docstring for the contract.
 
-    def __init__(self, path: str | Path, synchronous: Literal["NORMAL", "FULL"] = "NORMAL") -> None:
+    Every statement runs on the journal's writer thread, one job at a time in submission order.
+    The ``record_*`` and read methods block their caller until their job is done (tools, tests,
+    start-up); the event loop uses ``post`` (queue a job, do not wait) and ``commit`` (await it).
+    A job that fails with ``sqlite3.OperationalError`` (disk full, I/O error, database locked) is
+    retried with back-off (``retry_s`` doubling up to ``max_retry_s``) and the journal is *faulted*:
+    ``fault`` names the cause until a write succeeds again; later jobs wait behind it, in order."""
+
+    def __init__(self, path: str | Path, synchronous: Literal["NORMAL", "FULL"] = "NORMAL", *,
+                 busy_timeout_s: float = 5.0, retry_s: float = 0.1, max_retry_s: float = 2.0) -> None:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), isolation_level=None)
+            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                       timeout=busy_timeout_s)
         except (OSError, sqlite3.Error) as e:
             raise JournalError(f"cannot open journal {self.path}: {e} (check the directory exists and is writable)") from None
         try:
@@ -238,12 +292,119 @@ class Journal:
                 raise JournalError(f"journal {self.path}: SQLite refused WAL mode (got {mode!r}); use a local disk")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories").fetchone()
+            erow = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         except sqlite3.DatabaseError as e:
             self._db.close()
-            raise JournalError(f"journal {self.path} is not a usable SQLite database ({e}); move it away or pick another path") from None
-        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM trajectories").fetchone()
+            raise JournalError(f"journal {self.path} is not a usable SQLite database ({e}); move it away or pick "
+                               "another path") from None
         self._seq = int(row[0])
+        self._event_seq = int(erow[0])
         self.writes = 0
+        #: why the journal cannot write now (None: it can); set by the writer thread
+        self.fault: str | None = None
+        self.fault_since: float | None = None
+        self._retry_s, self._max_retry_s = retry_s, max_retry_s
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._waiting = 0
+        self._held: dict[int, Callable[[], None]] = {}  # job -> its hold on a virtual clock
+        self._count = threading.Lock()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._write_loop, name=f"journal-{self.path.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the writer thread
+    @property
+    def waiting(self) -> int:
+        """Jobs queued or running on the writer thread."""
+        return self._waiting
+
+    def post(self, op: Callable[[], T], what: str = "write") -> Future[T]:
+        """Queue ``op`` (a call of this journal's methods) on the writer thread; returns at once."""
+        fut: Future[T] = Future()
+        release = _no_hold
+        if self.fault is None:  # a failing disk holds no replay still
+            with contextlib.suppress(RuntimeError):  # no loop in this thread
+                release = _once(hold_time(asyncio.get_running_loop()))
+        job = _Job(op, fut, release, what)
+        with self._count:
+            self._waiting += 1
+            self._held[id(job)] = release
+        self._jobs.put(job)
+        return fut
+
+    async def commit(self, op: Callable[[], T], what: str = "write") -> T:
+        """``op`` on the writer thread, awaited: the event loop never waits on the disk."""
+        return await asyncio.wrap_future(self.post(op, what))
+
+    async def flush(self) -> None:
+        """Wait until every job queued before this call is done."""
+        await self.commit(lambda: None, "flush")
+
+    def _sync(self, op: Callable[[], T], what: str) -> T:
+        if threading.current_thread() is self._thread:
+            return op()
+        return self.post(op, what).result()
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            self._run(job)
+            with self._count:
+                self._waiting -= 1
+                self._held.pop(id(job), None)
+            job.release()
+
+    def _run(self, job: _Job) -> None:
+        delay = self._retry_s
+        while True:
+            try:
+                result = job.op()
+            except sqlite3.OperationalError as e:
+                self._faulted(job.what, e)
+                if self._closing.wait(delay):
+                    job.future.set_exception(JournalError(f"journal {self.path}: closed while {job.what} waited "
+                                                          f"for the disk ({e})"))
+                    return
+                delay = min(delay * 2, self._max_retry_s)
+                continue
+            except BaseException as e:
+                job.future.set_exception(e)
+                return
+            if self.fault is not None:
+                log.warning("journal %s: writable again after %.1f s; %d queued write(s) follow", self.path,
+                            time.monotonic() - (self.fault_since or time.monotonic()), self._waiting - 1)
+                self.fault, self.fault_since = None, None
+            job.future.set_result(result)
+            return
+
+    def _faulted(self, what: str, e: sqlite3.OperationalError) -> None:
+        cause = str(e)
+        kind = ("disk full" if "full" in cause else "database locked" if "locked" in cause or "busy" in cause
+                else "I/O error")
+        reason = f"{kind}: {what} to {self.path} failed ({cause}); retrying, writes wait in memory"
+        if self.fault is None:
+            self.fault_since = time.monotonic()
+            log.error("journal %s", reason)
+        self.fault = reason
+        with self._count:  # a virtual-time replay does not wait on a failing disk
+            held, self._held = list(self._held.values()), {}
+        for release in held:
+            release()
+
+    def set_max_pages(self, pages: int | None) -> int:
+        """Cap the database file at ``pages`` pages (SQLite ``max_page_count``; None: no cap beyond
+        SQLite's own): past it every write fails as on a full disk. The reliability drills use it to
+        fill and free "the disk" for real. It takes effect at once, ahead of the queued writes (a
+        freed disk must not wait behind the write that found it full; SQLite serialises the two
+        threads' calls on the connection). Returns the cap in force."""
+        n = 4294967294 if pages is None else max(1, int(pages))
+        return int(self._db.execute(f"PRAGMA max_page_count={n}").fetchone()[0])
+
+    def page_count(self) -> int:
+        return int(self._sync(lambda: self._db.execute("PRAGMA page_count").fetchone()[0], "page count"))
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Journal:
@@ -252,7 +413,16 @@ class Journal:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 10.0) -> None:
+        """Finish the queued jobs (at most ``drain_s`` seconds while the disk fails), then close."""
+        if not self._thread.is_alive():
+            return
+        self._jobs.put(None)
+        self._thread.join(drain_s)
+        if self._thread.is_alive():
+            log.error("journal %s: closing with %d write(s) not on disk (%s)", self.path, self._waiting, self.fault)
+            self._closing.set()
+            self._thread.join()
         self._db.close()
 
     # ------------------------------------------------------------------ writes (one transaction each)
@@ -262,29 +432,31 @@ class Journal:
         try:
             for sql, params in statements:
                 db.execute(sql, params)
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
         self.writes += 1
 
-    def record_trajectory(self, rec: TrajectoryRecord) -> bool:
+    def _record_trajectory(self, rec: TrajectoryRecord) -> bool:
         """Journal a completed trajectory and drop its partial outputs, atomically.
 
         Returns False (and writes nothing) if ``rec.traj_id`` is already journaled as completed."""
         if self._db.execute("SELECT 1 FROM trajectories WHERE traj_id=?", (rec.traj_id,)).fetchone():
             return False
-        self._seq += 1
         self._tx(
             [
                 ("INSERT INTO trajectories(traj_id, group_id, seq, body) VALUES (?,?,?,?)",
-                 (rec.traj_id, rec.group_id, self._seq, record_to_json(rec))),
+                 (rec.traj_id, rec.group_id, self._seq + 1, record_to_json(rec))),
                 ("DELETE FROM partials WHERE traj_id=?", (rec.traj_id,)),
             ]
         )
+        self._seq += 1
         return True
 
-    def record_partial(
+    def _record_partial(
         self, traj_id: str, turn: int, tokens: Sequence[int], logprobs: Sequence[float], weight_version: int,
         *, input_len: int = -1, finished: bool = False,
     ) -> bool:
@@ -307,26 +479,29 @@ class Journal:
         )
         return True
 
-    def drop_partials(self, traj_id: str) -> None:
+    def _drop_partials(self, traj_id: str) -> None:
         """Forget the partials of a trajectory that failed (it will not be resumed)."""
         self._tx([("DELETE FROM partials WHERE traj_id=?", (traj_id,))])
 
-    def record_consumed(self, traj_ids: Iterable[str]) -> None:
+    def _record_consumed(self, traj_ids: Iterable[str]) -> None:
         """Mark completed trajectories as consumed: the trainer's update on them is durable
         (``Controller.batch_trained``); they are never re-delivered."""
         ids = [(t,) for t in traj_ids]
         if not ids:
             return
-        self._db.execute("BEGIN IMMEDIATE")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.executemany("UPDATE trajectories SET consumed=1 WHERE traj_id=?", ids)
+            db.executemany("UPDATE trajectories SET consumed=1 WHERE traj_id=?", ids)
+            db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
         self.writes += 1
 
-    def record_state(self, state: Mapping[str, Any]) -> None:
+    def _record_state(self, state: Mapping[str, Any]) -> None:
         """Journal the GPU-worker-role table (``ClusterState.to_dict()``); only the latest is kept."""
         version = state.get("version", 0)
         self._tx(
@@ -337,25 +512,26 @@ class Journal:
             ]
         )
 
-    def record_event(self, ev: JournaledEvent) -> bool:
+    def _record_event(self, ev: JournaledEvent) -> bool:
         """Journal an accepted elastic event (one transaction, committed before the admin API answers
         202). False (nothing written) if its id is already journaled."""
         if self._db.execute("SELECT 1 FROM events WHERE event_id=?", (ev.event_id,)).fetchone():
             return False
-        seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]) + 1
+        seq = self._event_seq + 1  # kept in memory: admission costs the same at any journal size
         self._tx([("INSERT INTO events(event_id, seq, kind, digest, notice_id, status, body) VALUES (?,?,?,?,?,?,?)",
                    (ev.event_id, seq, ev.kind, ev.digest, ev.notice_id, ev.status,
                     json.dumps(dict(ev.body), separators=(",", ":"), default=str)))])
+        self._event_seq = seq
         return True
 
-    def set_event_status(self, event_id: str, status: EventStatus) -> None:
+    def _set_event_status(self, event_id: str, status: EventStatus) -> None:
         self._tx([("UPDATE events SET status=? WHERE event_id=?", (status, event_id))])
 
-    def drop_event(self, event_id: str) -> None:
+    def _drop_event(self, event_id: str) -> None:
         """Forget an event the controller rejected (a corrected retry may reuse its id)."""
         self._tx([("DELETE FROM events WHERE event_id=?", (event_id,))])
 
-    def events(self) -> tuple[JournaledEvent, ...]:
+    def _events(self) -> tuple[JournaledEvent, ...]:
         """Every journaled elastic event, in acceptance order."""
         return tuple(
             JournaledEvent(eid, kind, digest, status, MappingProxyType(json.loads(body)), nid, seq)
@@ -364,7 +540,7 @@ class Journal:
         )
 
     # ------------------------------------------------------------------ reads
-    def consumed_ids(self) -> frozenset[str]:
+    def _consumed_ids(self) -> frozenset[str]:
         """Ids of the completed trajectories the trainer consumed (its update on them is durable)."""
         return frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories WHERE consumed=1"))
 
@@ -374,15 +550,15 @@ class Journal:
         policy version after a restart."""
         return first_unconsumed_batch(self.consumed_ids(), batch_size)
 
-    def completed(self) -> tuple[TrajectoryRecord, ...]:
+    def _completed(self) -> tuple[TrajectoryRecord, ...]:
         """Every journaled completed trajectory, in completion order."""
         rows = self._db.execute("SELECT body FROM trajectories ORDER BY seq").fetchall()
         return tuple(record_from_json(b) for (b,) in rows)
 
-    def completed_ids(self) -> frozenset[str]:
+    def _completed_ids(self) -> frozenset[str]:
         return frozenset(t for (t,) in self._db.execute("SELECT traj_id FROM trajectories"))
 
-    def partials(self) -> dict[str, tuple[PartialOutput, ...]]:
+    def _partials(self) -> dict[str, tuple[PartialOutput, ...]]:
         out: dict[str, list[PartialOutput]] = {}
         for seq, tid, turn, toks, lps, v, n_in, fin in self._db.execute(
             "SELECT seq, traj_id, turn, tokens, logprobs, weight_version, input_len, finished FROM partials ORDER BY seq"
@@ -392,23 +568,23 @@ class Journal:
             )
         return {k: tuple(v) for k, v in out.items()}
 
-    def state(self) -> dict[str, Any] | None:
+    def _state(self) -> dict[str, Any] | None:
         row = self._db.execute("SELECT body FROM cluster_state WHERE id=1").fetchone()
         return None if row is None else json.loads(row[0])
 
-    def recover(self) -> RecoveredRun:
+    def _recover(self) -> RecoveredRun:
         """Everything a restarted controller needs (one consistent read transaction)."""
         self._db.execute("BEGIN")
         try:
-            completed = self.completed()
-            consumed = self.consumed_ids()
-            partials = self.partials()
-            state = self.state()
+            completed = self._completed()
+            consumed = self._consumed_ids()
+            partials = self._partials()
+            state = self._state()
         finally:
             self._db.execute("COMMIT")
         return RecoveredRun(completed, MappingProxyType(partials), state, consumed)
 
-    def counts(self) -> dict[str, int]:
+    def _counts(self) -> dict[str, int]:
         """Row counts (for reports): completed, consumed, partials, partial_tokens, in_flight."""
         c = self._db.execute("SELECT COUNT(*), COALESCE(SUM(consumed),0) FROM trajectories").fetchone()
         p = self._db.execute("SELECT COUNT(*), COUNT(DISTINCT traj_id) FROM partials").fetchone()
@@ -416,6 +592,80 @@ class Journal:
         e = self._db.execute("SELECT COUNT(*), COALESCE(SUM(status='accepted'),0) FROM events").fetchone()
         return {"completed": int(c[0]), "consumed": int(c[1]), "partials": int(p[0]), "in_flight": int(p[1]),
                 "partial_tokens": toks, "events": int(e[0]), "events_pending": int(e[1])}
+
+    # ------------------------------------------------------------------ the public calls (on the writer thread)
+    def record_trajectory(self, rec: TrajectoryRecord) -> bool:
+        """Journal a completed trajectory and drop its partial outputs, atomically. False (nothing
+        written) if ``rec.traj_id`` is already journaled as completed."""
+        return self._sync(lambda: self._record_trajectory(rec), f"trajectory {rec.traj_id}")
+
+    def record_partial(
+        self, traj_id: str, turn: int, tokens: Sequence[int], logprobs: Sequence[float], weight_version: int,
+        *, input_len: int = -1, finished: bool = False,
+    ) -> bool:
+        """Journal one response part of an in-flight trajectory (``finished``: the request ended
+        normally, the turn's output is complete). Ignored (False) if the trajectory is already
+        completed or the part is empty and unfinished."""
+        if len(tokens) != len(logprobs):
+            raise ValueError(f"partial of {traj_id!r} turn {turn}: {len(tokens)} tokens but {len(logprobs)} logprobs")
+        return self._sync(lambda: self._record_partial(traj_id, turn, tokens, logprobs, weight_version,
+                                                       input_len=input_len, finished=finished),
+                          f"partial of {traj_id}")
+
+    def drop_partials(self, traj_id: str) -> None:
+        """Forget the partials of a trajectory that failed (it will not be resumed)."""
+        self._sync(lambda: self._drop_partials(traj_id), f"drop partials of {traj_id}")
+
+    def record_consumed(self, traj_ids: Iterable[str]) -> None:
+        """Mark completed trajectories as consumed: the trainer's update on them is durable
+        (``Controller.batch_trained``); they are never re-delivered."""
+        ids = list(traj_ids)
+        self._sync(lambda: self._record_consumed(ids), "consumed batch")
+
+    def record_state(self, state: Mapping[str, Any]) -> None:
+        """Journal the GPU-worker-role table (``ClusterState.to_dict()``); only the latest is kept."""
+        self._sync(lambda: self._record_state(state), "cluster state")
+
+    def record_event(self, ev: JournaledEvent) -> bool:
+        """Journal an accepted elastic event (one transaction, committed before the admin API answers
+        202). False (nothing written) if its id is already journaled."""
+        return self._sync(lambda: self._record_event(ev), f"event {ev.event_id}")
+
+    def set_event_status(self, event_id: str, status: EventStatus) -> None:
+        self._sync(lambda: self._set_event_status(event_id, status), f"status of event {event_id}")
+
+    def drop_event(self, event_id: str) -> None:
+        """Forget an event the controller rejected (a corrected retry may reuse its id)."""
+        self._sync(lambda: self._drop_event(event_id), f"drop event {event_id}")
+
+    def events(self) -> tuple[JournaledEvent, ...]:
+        """Every journaled elastic event, in acceptance order."""
+        return self._sync(self._events, "read events")
+
+    def consumed_ids(self) -> frozenset[str]:
+        """Ids of the completed trajectories the trainer consumed (its update on them is durable)."""
+        return self._sync(self._consumed_ids, "read consumed")
+
+    def completed(self) -> tuple[TrajectoryRecord, ...]:
+        """Every journaled completed trajectory, in completion order."""
+        return self._sync(self._completed, "read completed")
+
+    def completed_ids(self) -> frozenset[str]:
+        return self._sync(self._completed_ids, "read completed ids")
+
+    def partials(self) -> dict[str, tuple[PartialOutput, ...]]:
+        return self._sync(self._partials, "read partials")
+
+    def state(self) -> dict[str, Any] | None:
+        return self._sync(self._state, "read state")
+
+    def recover(self) -> RecoveredRun:
+        """Everything a restarted controller needs (one consistent read transaction)."""
+        return self._sync(self._recover, "recover")
+
+    def counts(self) -> dict[str, int]:
+        """Row counts (for reports): completed, consumed, partials, partial_tokens, in_flight."""
+        return self._sync(self._counts, "counts")
 
 
 # ------------------------------------------------------------------------------ restart wiring
@@ -477,10 +727,12 @@ class JournaledEngine:
                               worker_id=worker_id)
 
     def _journal(self, req: Any, res: Any, finished: bool) -> None:
+        """Queue the part on the journal's writer thread (in order; the loop does not wait)."""
         key = self._key(req.rid)
         if key is not None and res is not None:
-            self.journal.record_partial(key[1], key[2], res.output_ids, res.logprobs, res.weight_version,
-                                        input_len=len(req.input_ids), finished=finished)
+            j, n_in = self.journal, len(req.input_ids)
+            j.post(lambda: j.record_partial(key[1], key[2], res.output_ids, res.logprobs, res.weight_version,
+                                            input_len=n_in, finished=finished), f"partial of {key[1]}")
 
     async def _call(self, worker_id: str, req: Any, call: Any) -> Any:
         from pearl.engines.base import EngineDeadError, EngineProtocolError, FinishReason, KVTransferError
@@ -568,11 +820,12 @@ def first_unconsumed_batch(consumed: Iterable[str], batch_size: int) -> int:
 @dataclass(frozen=True, slots=True)
 class JournalHooks:
     """What a controller wires from a journal (``attach``): ``record_state`` for the executor's
-    state listeners, ``record_trajectory`` for the pipeline's completions, and where the recovered
+    state listeners, ``record_trajectory`` for the pipeline's completions (both queued on the
+    writer thread; the trajectory's future completes once it is on disk), and where the recovered
     run resumes (``completed``: trajectory id -> record, handed on as journaled; ``first_batch``)."""
 
     record_state: Callable[[ClusterState], None]
-    record_trajectory: Callable[[TrajectoryRecord], object]
+    record_trajectory: Callable[[TrajectoryRecord], Future[bool]]
     completed: Mapping[str, TrajectoryRecord]
     first_batch: int
 
@@ -581,5 +834,13 @@ def attach(journal: Journal, state: ClusterState, run: RecoveredRun, batch_size:
     """Record the starting ``state`` in ``journal`` and return the hooks that keep it current and
     restore the recovered ``run``: state changes, completions, the resume point."""
     journal.record_state(state.to_dict())
-    return JournalHooks(lambda st: journal.record_state(st.to_dict()), journal.record_trajectory,
+
+    def record_state(st: ClusterState) -> None:
+        body = st.to_dict()
+        journal.post(lambda: journal.record_state(body), "cluster state")
+
+    def record_trajectory(rec: TrajectoryRecord) -> Future[bool]:
+        return journal.post(lambda: journal.record_trajectory(rec), f"trajectory {rec.traj_id}")
+
+    return JournalHooks(record_state, record_trajectory,
                         {r.traj_id: r for r in run.unconsumed}, first_unconsumed_batch(run.consumed, batch_size))

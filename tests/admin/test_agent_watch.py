@@ -186,8 +186,9 @@ class FakeController:
         self.failed: list[tuple[str, str]] = []
         self.elastic = type("E", (), {"worker_failed": lambda _s, w, r: self.failed.append((w, r))})()
 
-    async def submit(self, ev: Any) -> SubmitResult:
-        self.submitted.append(ev)
+    async def submit(self, ev: Any, source: str = "trace") -> SubmitResult:
+        """The controller's door for events built in the process (``Controller.submit``)."""
+        self.submitted.append((ev, source))
         return SubmitResult(True, detail="queued")
 
 
@@ -201,8 +202,9 @@ async def test_lost_node_is_handled_like_a_reclaim_due_now() -> None:
         await eng.launch(ServerSpec(wid, (gpu,), Role.COLOCATED, weights="v0"))
     await node_lost_handler(ctrl, eng)("node1", "agent missed 3 health checks")
     assert eng.dead_nodes() == {"node1": "agent missed 3 health checks"}
-    [ev] = ctrl.submitted
+    [(ev, source)] = ctrl.submitted
     assert isinstance(ev, ReclaimNotice) and ev.gpu_ids == ("spot-1",) and ev.deadline == 100.0
+    assert source == "node-loss"
     assert [w for w, _ in ctrl.failed] == ["w1", "w2"]
     assert all("node node1 lost" in r for _, r in ctrl.failed)
 

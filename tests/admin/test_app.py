@@ -299,7 +299,9 @@ async def test_slow_controller_is_503(control: StateControlPlane, clock: ManualC
     async def stuck(event):
         await never.wait()
 
-    control.submit = stuck  # type: ignore[method-assign]
+    from pearl.runtime.door import EventDoor
+
+    control.door = EventDoor(stuck, lambda: [], None, clock, clock)  # a scheduler that never answers
     app = AdminApp(control, AdminSpec(submit_timeout_s=0.01), TOKEN, clock_now=clock).build()
     async with TestClient(TestServer(app)) as c:
         resp = await c.post("/v1/events/training-started", json={"step": 1}, headers=AUTH)

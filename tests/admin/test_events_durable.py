@@ -37,11 +37,10 @@ async def post(c: TestClient, path: str, body: dict[str, Any], **headers: str) -
 
 def app_on(journal: Journal | None, clock: ManualClock, policy: EventPolicy | None = None,
            control: StateControlPlane | None = None) -> tuple[AdminApp, StateControlPlane]:
-    control = control or StateControlPlane(small_cluster(), clock, {})
-    spec = AdminSpec(port=0, max_events_per_s=1000.0, max_reads_per_s=1000.0)
     wall = ManualClock(1_800_000_000.0)
-    return AdminApp(control, spec, TOKEN, clock_now=clock, wall_now=wall, monotonic=clock, journal=journal,
-                    policy=policy), control
+    control = control or StateControlPlane(small_cluster(), clock, {}, journal=journal, wall_now=wall)
+    spec = AdminSpec(port=0, max_events_per_s=1000.0, max_reads_per_s=1000.0)
+    return AdminApp(control, spec, TOKEN, clock_now=clock, wall_now=wall, monotonic=clock, policy=policy), control
 
 
 @pytest.mark.slow
@@ -89,7 +88,7 @@ async def test_accepted_events_survive_kill_9(tmp_path: Path, procs: list[Proc])
             status, body = await post(c, "/v1/events/gpus-granted", grant, **{"Idempotency-Key": "grant-1"})
             assert status == 200 and body["duplicate"] is True
             status, body = await post(c, "/v1/events/reclaim-notice", {**notice, "deadline_in_s": 9.0})
-            assert status == 409 and body["error"] == "notice_conflict"
+            assert status == 404 and body["error"] == "not_found"  # its GPUs are gone
     finally:
         await svc.stop()
     with Journal(journal_path) as j:
@@ -166,14 +165,16 @@ async def test_one_notice_per_notice_id() -> None:
         assert (s1, s2, b2["error"]) == (202, 409, "notice_conflict")
         s3, b3 = await post(c, "/v1/events/reclaim-notice", {"gpu_ids": ["p0", "p1"], "deadline_in_s": 30,
                                                             "notice_id": "n1"})
-        assert s3 == 200 and b3["duplicate"] is True and b3["gpu_ids"] == ["p0", "p1"]
+        # the same reclaim again (a new event id): never a duplicate, the earliest deadline stays
+        assert s3 == 202 and b3["duplicate"] is False and b3["gpu_ids"] == ["p0", "p1"]
+        assert "earliest deadline wins" in b3["detail"]
         s4, _ = await post(c, "/v1/events/notice-cancelled", {"notice_id": "n1"})
         assert s4 == 202
         clock.t += 60
         assert {"p0", "p1", "p2"} <= {g["gpu_id"] for g in control.state_dict()["gpus"]}  # nothing shrunk
 
 
-async def test_eventbridge_and_metadata_document_for_one_instance_are_one_notice() -> None:
+async def test_eventbridge_and_metadata_document_for_one_instance_are_one_reclaim() -> None:
     clock = ManualClock()
     app, control = app_on(None, clock)
     event = {"version": "0", "id": "eb-1", "detail-type": "EC2 Spot Instance Interruption Warning",
@@ -183,9 +184,9 @@ async def test_eventbridge_and_metadata_document_for_one_instance_are_one_notice
     async with TestClient(TestServer(app.build())) as c:
         s1, _ = await post(c, "/v1/cloud/aws/eventbridge", event)
         s2, b2 = await post(c, "/v1/cloud/aws/instance-action?instance_id=i-0abc", doc)
-        assert (s1, s2) == (202, 200) and b2["duplicate"] is True and b2["gpu_ids"] == ["p0", "p1"]
-        assert app.metrics.events.labels("reclaim_notice", "applied")._value.get() == 1
-        assert app.metrics.events.labels("reclaim_notice", "duplicate")._value.get() == 1
+        assert (s1, s2) == (202, 202) and b2["duplicate"] is False and b2["gpu_ids"] == ["p0", "p1"]
+        assert "earliest deadline wins" in b2["detail"]  # the same deadline: the reclaim is unchanged
+        assert app.metrics.events.labels("reclaim_notice", "applied")._value.get() == 2
         clock.t += 300  # past the deadline: the instance's GPUs are reclaimed
         assert not {"p0", "p1"} & {g["gpu_id"] for g in control.state_dict()["gpus"]}
         s3, b3 = await post(c, "/v1/cloud/aws/eventbridge", event)  # EventBridge delivers at least once
@@ -228,17 +229,31 @@ async def test_grants_stay_within_max_preemptible_gpus_on_known_nodes() -> None:
         assert sum(1 for g in control.state_dict()["gpus"] if g["zone"] == "preemptible") == 4
 
 
-def test_a_grant_whose_gpus_were_reclaimed_is_not_granted_again(tmp_path: Path) -> None:
+async def test_a_grant_whose_gpus_were_reclaimed_is_not_granted_again(tmp_path: Path) -> None:
     """The kill came after a notice's shrink removed the granted GPU and before either event was
     marked done: the replay must not re-grant a GPU the cloud has taken."""
-    from pearl.admin.events import EventBook
+    from pearl.runtime.door import EventDoor
+    from pearl.runtime.journal import JournaledEvent
 
     with Journal(tmp_path / "j.sqlite") as j:
-        book = EventBook(j)
-        book.accept("grant-1", "gpus_granted", "d1", {"gpus": [{"gpu_id": "p0", "node": "node0"}]})
-        book.accept("notice-1", "reclaim_notice", "d2", {"gpu_ids": ["p0"], "deadline_wall": 0.0}, "n-1")
-        book.accept("grant-2", "gpus_granted", "d3", {"gpus": [{"gpu_id": "p1", "node": "node0"}]})
+        j.record_event(JournaledEvent("grant-1", "gpus_granted", "d1", "accepted",
+                                      {"gpus": [{"gpu_id": "p0", "node": "node0"}]}))
+        j.record_event(JournaledEvent("notice-1", "reclaim_notice", "d2", "accepted",
+                                      {"gpu_ids": ["p0"], "deadline_wall": 0.0}, "n-1"))
+        j.record_event(JournaledEvent("grant-2", "gpus_granted", "d3", "accepted",
+                                      {"gpus": [{"gpu_id": "p1", "node": "node0"}]}))
+    applied: list[str] = []
+
+    async def apply(ev: Any) -> Any:
+        from pearl.runtime.control import SubmitResult
+
+        applied.append(ev.event_id)
+        return SubmitResult(True, event_id=ev.event_id)
+
     with Journal(tmp_path / "j.sqlite") as j:
-        book = EventBook(j)
-        assert [e.event_id for e in book.replayable()] == ["notice-1", "grant-2"]
-        assert book.get("grant-1") is not None and book.get("grant-1").status == "done"  # type: ignore[union-attr]
+        door = EventDoor(apply, lambda: ["r0"], j, lambda: 0.0, lambda: 1.0)
+        await door.replay()
+        assert applied == ["grant-2"]  # the notice's GPU is gone already: nothing to replay
+    with Journal(tmp_path / "j.sqlite") as j:
+        assert {e.event_id: e.status for e in j.events()} == {"grant-1": "done", "notice-1": "done",
+                                                              "grant-2": "accepted"}

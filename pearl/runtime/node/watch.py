@@ -218,7 +218,8 @@ def node_lost_handler(controller: Any, remote: Any) -> Callable[[str, str], Awai
             try:
                 res = await controller.submit(ReclaimNotice(spot, deadline=controller.clock.now(),
                                                             notice_id=f"node-lost-{node}-{count}",
-                                                            event_id=f"node-lost-{node}-{count}"))
+                                                            event_id=f"node-lost-{node}-{count}"),
+                                              source="node-loss")
                 log.warning("node %s lost: reclaim of its preemptible GPUs %s (%s)", node, list(spot), res.detail)
             except (ValueError, LookupError) as e:  # e.g. already reclaimed by a cloud notice
                 log.warning("node %s lost: reclaim of %s refused: %s", node, list(spot), e)
