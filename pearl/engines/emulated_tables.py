@@ -190,7 +190,9 @@ class CostTables:
     attn: list[list[list[float]]]  # [len(ATTN_BATCH)][len(ATTN_NEW)][len(ATTN_CACHED)] seconds
 
     def decode_row(self, n: float) -> list[float]:
-        """D_n on ``DECODE_CTX``: the weighted mean of the two grid batches' rows around n."""
+        """D_n on ``DECODE_CTX`` (past the grid's batches: extended from its last two rows)."""
+        if 1 <= n <= len(self.decode) and n == int(n):
+            return self.decode[int(n) - 1]  # DECODE_BATCH is every batch from 1
         i, w = _seg(DECODE_BATCH, n)
         lo, hi = self.decode[i], self.decode[i + 1]
         return [a + w * (b - a) for a, b in zip(lo, hi, strict=True)]
@@ -316,7 +318,7 @@ class TableSpan:
         v: list[float] = []
         p: list[float] = [0.0]
         last = len(grid) - 2
-        for i in range(last + 1):
+        for i in range(min(max(bisect.bisect_right(grid, s0) - 1, 0), last), last + 1):
             hi = math.inf if i == last or b[-1] >= limit else float(grid[i + 1])
             end = math.ceil(hi - s0) if hi != math.inf else None
             if end is not None and end <= b[-1]:
