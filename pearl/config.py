@@ -314,7 +314,7 @@ class EmulatorSpec(_Strict):
         "Sec. 3.2 profile, 96.68% of processed tokens in 26.48% of the time in prefill, implies much less reuse "
         "than ideal; the 'paper' workload preset sets 0.3, calibrated on that split: pearl/sim/presets.py)")
     costs: Literal["database", "datasheet"] = Field(
-        default="datasheet", description="per-iteration costs: 'database' = decode / prefill tables built from "
+        default="database", description="per-iteration costs: 'database' = decode / prefill tables built from "
         "NVIDIA's aiconfigurator-core kernel database for the model, hardware.database_system, backend and "
         "cluster.tp_size (pearl/engines/emulated_tables.py); 'datasheet' = the roofline formulas over the "
         "datasheet and the fitted constants of configs/emulator (pearl/engines/emulated_costs.py)")
