@@ -42,8 +42,12 @@ Phase counters (``phase_split``): per worker, busy seconds in prefill chunks and
 prompt tokens computed by prefill, prompt tokens served from the prefix cache, tokens decoded -
 the quantities of the paper's Sec. 3.2 observation (prefill 96.68 % of tokens, 26.48 % of time).
 
-The cost model (decode iteration = overhead + max(memory, compute), chunked prefill, KV transfer)
-and the closed-form span sums live in ``emulated_costs.py``.
+The cost model is ``emulator.costs``: ``database`` (default) reads the decode iteration and the
+prefill chunk from tables built out of NVIDIA's aiconfigurator kernel database
+(``emulated_tables.py``: ``MeasuredCosts``), ``datasheet`` the roofline formulas
+(``emulated_costs.py``: ``WorkerCosts``); either gives a decode span's closed-form sum
+(``span(n, context, k_max).total(k)`` and its inverse ``within``), the prefill chunk, the KV
+transfer and the KV pool.
 
 Reconfiguration times come from ``EmulatorSpec`` (paper Table 3 ranges, sampled uniformly from a
 generator seeded by ``(seed, worker, kind, count)``): ``launch`` (preparation), the first
