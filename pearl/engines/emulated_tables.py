@@ -44,6 +44,7 @@ Public names: ``CostTables``, ``TableKey``, ``TableSpan``, ``CostDatabaseError``
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -427,6 +428,13 @@ def build_tables(key: TableKey) -> CostTables:
     return CostTables(key, literal, decode, nonattn, attn)
 
 
+@functools.lru_cache(maxsize=4)
+def _parse_validated(text: str, key: TableKey) -> CostTables:
+    """``CostTables.from_json``, parsed and checked once per process for the same file text (a
+    calibration builds an engine per batch; the text itself is still read and compared each time)."""
+    return CostTables.from_json(text, key)
+
+
 def load_tables(key: TableKey, folder: Path | None = None) -> CostTables:
     """The cached tables of ``key``, built (and written) when absent; a file that does not match is
     rebuilt, with a WARNING naming why."""
@@ -434,7 +442,7 @@ def load_tables(key: TableKey, folder: Path | None = None) -> CostTables:
     path = folder / f"{key.system}-{key.model_id.replace('/', '--')}-{key.backend}-tp{key.tp}-{key.digest()}.json"
     if path.is_file():
         try:
-            return CostTables.from_json(path.read_text(), key)
+            return _parse_validated(path.read_text(), key)
         except (OSError, ValueError) as e:
             log.warning("emulator cost cache %s is unusable (%s): rebuilding it from the %s database",
                         path, e, PACKAGE)
