@@ -44,6 +44,7 @@ Public names: ``CostTables``, ``TableKey``, ``TableSpan``, ``CostDatabaseError``
 from __future__ import annotations
 
 import bisect
+import difflib
 import functools
 import hashlib
 import importlib.metadata
@@ -140,8 +141,8 @@ def resolve_model_id(name: str, explicit: str | None = None) -> str:
     models = database_models()
     if explicit is not None:
         if explicit not in models:
-            raise CostDatabaseError(f"emulator.database_model={explicit!r} is not in the {PACKAGE} database; it "
-                                    f"has: {', '.join(models)}")
+            raise CostDatabaseError(f"emulator.database_model={explicit!r} is not in the {PACKAGE} database (its "
+                                    f"{len(models)} models: python -m pearl costs --list)")
         return explicit
     hits = [m for m in models if m.split("/", 1)[-1].lower() == name.lower()]
     if len(hits) == 1:
@@ -149,7 +150,10 @@ def resolve_model_id(name: str, explicit: str | None = None) -> str:
     if hits:
         raise CostDatabaseError(f"model {name!r} matches several database models {hits}: set "
                                 "emulator.database_model to one of them")
-    raise CostDatabaseError(f"model {name!r} is not in the {PACKAGE} database (it has: {', '.join(models)}); set "
+    names = {m.split("/", 1)[-1].lower(): m for m in models}
+    near = [names[n] for n in difflib.get_close_matches(name.lower(), list(names), n=6, cutoff=0.4)]
+    raise CostDatabaseError(f"model {name!r} is not in the {PACKAGE} database (closest of its {len(models)}: "
+                            f"{', '.join(near) or '-'}; all: python -m pearl costs --list); set "
                             "emulator.database_model to one of them, or emulator.costs: datasheet for the "
                             "datasheet formulas")
 

@@ -45,9 +45,9 @@ def db_8b() -> Any:
 def test_model_names_map_to_the_database() -> None:
     assert resolve_model_id("qwen3-8b") == "Qwen/Qwen3-8B"
     assert resolve_model_id("qwen3-30b-a3b") == "Qwen/Qwen3-30B-A3B"
-    with pytest.raises(CostDatabaseError, match=r"'smollm2-135m' is not in the aiconfigurator-core database.*"
-                       r"Qwen/Qwen3-8B.*emulator.costs: datasheet"):
-        resolve_model_id("smollm2-135m")
+    with pytest.raises(CostDatabaseError, match=r"'tiny-qwen3' is not in the aiconfigurator-core database \(closest "
+                       r"of its \d+: Qwen/Qwen3-8B, .*all: python -m pearl costs --list\).*emulator.costs: datasheet"):
+        resolve_model_id("tiny-qwen3")
     with pytest.raises(CostDatabaseError, match="database_model='Qwen/Qwen9' is not in"):
         resolve_model_id("qwen3-8b", "Qwen/Qwen9")
 
