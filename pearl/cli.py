@@ -38,6 +38,7 @@ _PLUGINS: tuple[tuple[str, str], ...] = (
     ("pearl.sim.cli", "add_simulate_parser"),
     ("pearl.sim.cli", "add_experiments_parser"),
     ("pearl.sim.cli", "add_calibrate_parser"),
+    ("pearl.sim.costs", "add_costs_parser"),
     ("pearl.serve", "add_serve_parser"),
     ("pearl.run", "add_run_parser"),
     ("pearl.reliability.cli", "add_chaos_parser"),

@@ -101,6 +101,9 @@ class HardwareSpec(_Strict):
     prefill_mfu: float = Field(default=0.45, gt=0, le=1, description="model FLOP utilisation of prefill")
     decode_bw_efficiency: float = Field(default=0.7, gt=0, le=1, description="fraction of peak bandwidth decode reaches")
     step_overhead_s: float = Field(default=0.004, ge=0, description="fixed per-iteration scheduling/launch overhead, s")
+    database_system: str | None = Field(
+        default=None, description="the system's name in the aiconfigurator-core performance database "
+        "(e.g. h200_sxm; None: this spec's name), where emulator.costs: database reads its kernel tables")
     moe_kernel_floor: float = Field(
         default=0.0, ge=0, lt=1, description="fused-MoE kernel: the share of a full expert read that a "
         "decode step of one token already costs (0: the plain touched-expert count); from a public kernel "
@@ -310,6 +313,17 @@ class EmulatorSpec(_Strict):
         "(1.0: an ideal radix cache; lower models re-tokenization mismatches and evictions - the paper's "
         "Sec. 3.2 profile, 96.68% of processed tokens in 26.48% of the time in prefill, implies much less reuse "
         "than ideal; the 'paper' workload preset sets 0.3, calibrated on that split: pearl/sim/presets.py)")
+    costs: Literal["database", "datasheet"] = Field(
+        default="database", description="per-iteration costs: 'database' = decode / prefill tables built from "
+        "NVIDIA's aiconfigurator-core kernel database for the model, hardware.database_system, backend and "
+        "cluster.tp_size (pearl/engines/emulated_tables.py); 'datasheet' = the roofline formulas over the "
+        "datasheet and the fitted constants of configs/emulator (pearl/engines/emulated_costs.py)")
+    backend: str = Field(default="sglang", description="serving engine whose measured kernels the database "
+                         "tables use (costs: database)")
+    backend_version: str | None = Field(default=None, description="its version in the database (None: the "
+                                        "database's 'current' one; python -m pearl costs --list shows them)")
+    database_model: str | None = Field(default=None, description="the database's model (e.g. Qwen/Qwen3-8B); "
+                                       "None: the one whose name after 'Org/' is model.name, ignoring case")
     seed: int = 0
 
     @model_validator(mode="after")

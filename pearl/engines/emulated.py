@@ -42,8 +42,12 @@ Phase counters (``phase_split``): per worker, busy seconds in prefill chunks and
 prompt tokens computed by prefill, prompt tokens served from the prefix cache, tokens decoded -
 the quantities of the paper's Sec. 3.2 observation (prefill 96.68 % of tokens, 26.48 % of time).
 
-The cost model (decode iteration = overhead + max(memory, compute), chunked prefill, KV transfer)
-and the closed-form span sums live in ``emulated_costs.py``.
+The cost model is ``emulator.costs``: ``database`` (default) reads the decode iteration and the
+prefill chunk from tables built out of NVIDIA's aiconfigurator kernel database
+(``emulated_tables.py``: ``MeasuredCosts``), ``datasheet`` the roofline formulas
+(``emulated_costs.py``: ``WorkerCosts``); either gives a decode span's closed-form sum
+(``span(n, context, k_max).total(k)`` and its inverse ``within``), the prefill chunk, the KV
+transfer and the KV pool.
 
 Reconfiguration times come from ``EmulatorSpec`` (paper Table 3 ranges, sampled uniformly from a
 generator seeded by ``(seed, worker, kind, count)``): ``launch`` (preparation), the first
@@ -100,8 +104,9 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
-from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
+from pearl.engines.emulated_costs import LineSpan, MeasuredCosts, WorkerCosts, worker_costs
 from pearl.engines.emulated_physics import EmulatorPhysics, load_physics
+from pearl.engines.emulated_tables import TableSpan
 
 if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
@@ -202,7 +207,7 @@ class _Worker:
         self.conc_cum = 0.0  # integral of batch size over decode time
         self.dtime_cum = 0.0  # decode time so far
         self.seq = 0
-        self.span: tuple[float, int, int, tuple[float, float, float, float, float]] | None = None
+        self.span: tuple[float, int, int, LineSpan | TableSpan] | None = None
         self.wake: asyncio.Future[None] = loop.create_future()
         self.driver: asyncio.Task[None] | None = None
         self.events = 0  # spans + chunks simulated (for the events/s figure)
@@ -238,7 +243,7 @@ class EmulatedEngine:
     ) -> None:
         self.emu = emulator or EmulatorSpec()
         self.physics = physics or EmulatorPhysics()
-        self.costs = WorkerCosts.from_specs(model, hardware, self.emu, tp_size, self.physics)
+        self.costs: WorkerCosts | MeasuredCosts = worker_costs(model, hardware, self.emu, tp_size, self.physics)
         ph = self.physics.resolved(hardware, self.emu)
         #: prefix reuse per serving role (EmulatorPhysics; both default to EmulatorSpec.prefix_reuse)
         self._reuse = {
@@ -816,8 +821,8 @@ class EmulatedEngine:
         """Remove ``r`` from the batch (lazy heap deletion) after bringing its count up to date."""
         steps = w.steps
         if w.span is not None:
-            t0, k_max, base_steps, line = w.span
-            steps = base_steps + steps_within(now - t0, k_max, line)
+            t0, k_max, base_steps, span = w.span
+            steps = base_steps + span.within(now - t0, k_max)
         r.generated = r.gen0 + (steps - r.join_step)
         dtime = w.dtime_cum - r.dtime0
         r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
@@ -929,21 +934,19 @@ class EmulatedEngine:
             return
         n = w.n_decoding
         k_max = w.decoding[0][0] - w.steps
-        c = self.costs
-        a0, a1, m0, m1 = c.decode_line(n, w.ctx_sum)
-        line = (c.overhead_s, a0, a1, m0, m1)
-        w.span = (now, k_max, w.steps, line)
+        span = self.costs.span(n, w.ctx_sum, k_max)
+        w.span = (now, k_max, w.steps, span)
         w.events += 1
-        full = span_sum(k_max, *line)
+        full = span.total(k_max)
         loop = asyncio.get_running_loop()
         k = k_max
         while await self.clock.wait(w.wake, now + full):
             if w.waiting or w.joining or w.kv_wait or w.paused or w.status is not _WStatus.READY or (
                     w.n_decoding != n):
                 # cut the span at the end of the iteration in progress (requests join at boundaries)
-                k = steps_within(self.clock.now() - now, k_max, line)
+                k = span.within(self.clock.now() - now, k_max)
                 if k < k_max:
-                    await self.clock.sleep_until(now + span_sum(k + 1, *line))
+                    await self.clock.sleep_until(now + span.total(k + 1))
                     k += 1
                 break
             w.wake = loop.create_future()  # a wake that changes nothing for this span

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from pearl.config import EmulatorSpec, HardwareSpec, ModelSpec
 from pearl.engines.emulated_physics import EmulatorPhysics, moe_curve
+from pearl.engines.emulated_tables import CostTables, TableSpan, load_tables, resolve_model_id, table_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,79 @@ class WorkerCosts:
 
     def transfer_s(self, tokens: int) -> float:
         return self.link_latency_s + tokens * self.kv_bytes / self.link_bw
+
+    def span(self, n: int, context: float, k_max: int) -> LineSpan:
+        """The decode span of n requests holding ``context`` tokens (``k_max`` unused: closed form)."""
+        a0, a1, m0, m1 = self.decode_line(n, context)
+        return LineSpan((self.overhead_s, a0, a1, m0, m1))
+
+
+class LineSpan:
+    """A decode span of the datasheet model: ``S(k) = span_sum``, its inverse ``steps_within``."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, line: tuple[float, float, float, float, float]) -> None:
+        self.line = line
+
+    def total(self, k: int) -> float:
+        return span_sum(k, *self.line)
+
+    def within(self, elapsed: float, k_max: int) -> int:
+        return steps_within(elapsed, k_max, self.line)
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """The emulator's cost model from the measured database (``emulated_tables``): decode
+    iterations and prefill chunks from ``CostTables``; the KV pool and the KV link stay ours
+    (``kv_capacity_tokens = (tp memory u - W) / kv``, transfer as ``WorkerCosts``)."""
+
+    tables: CostTables
+    kv_bytes: float
+    kv_capacity_tokens: int
+    link_bw: float
+    link_latency_s: float
+
+    @staticmethod
+    def from_specs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1,
+                   physics: EmulatorPhysics | None = None, cache: Path | None = None) -> MeasuredCosts:
+        ph = (physics or EmulatorPhysics()).resolved(hw, emu)
+        total = model.weight_bytes
+        mem = tp * hw.memory_gb * 1e9 * ph.value("memory_utilization", 0.0)
+        if mem <= total:
+            raise ValueError(f"{model.name} weights ({total / 1e9:.1f} GB) do not fit in {tp} x {hw.name} at "
+                             f"memory_utilization {ph.value('memory_utilization', 0.0)}: raise cluster.tp_size")
+        key = table_key(resolve_model_id(model.name, emu.database_model), hw.database_system or hw.name,
+                        emu.backend, emu.backend_version, tp)
+        return MeasuredCosts(
+            tables=load_tables(key, cache),
+            kv_bytes=float(model.kv_bytes_per_token),
+            kv_capacity_tokens=int((mem - total) // model.kv_bytes_per_token),
+            link_bw=hw.interconnect_gbs * 1e9,
+            link_latency_s=hw.interconnect_latency_s,
+        )
+
+    def decode_step_s(self, n: int, context: float) -> float:
+        """One decode iteration of n requests holding ``context`` tokens in all."""
+        return self.tables.decode_step_s(n, context / n) if n > 0 else 0.0
+
+    def prefill_chunk_s(self, parts: list[tuple[int, int]]) -> float:
+        return self.tables.prefill_chunk_s(parts)
+
+    def transfer_s(self, tokens: int) -> float:
+        return self.link_latency_s + tokens * self.kv_bytes / self.link_bw
+
+    def span(self, n: int, context: float, k_max: int) -> TableSpan:
+        return self.tables.span(n, context, k_max)
+
+
+def worker_costs(model: ModelSpec, hw: HardwareSpec, emu: EmulatorSpec, tp: int = 1,
+                 physics: EmulatorPhysics | None = None) -> WorkerCosts | MeasuredCosts:
+    """The cost model ``emu.costs`` names: ``database`` (measured tables) or ``datasheet``."""
+    if emu.costs == "database":
+        return MeasuredCosts.from_specs(model, hw, emu, tp, physics)
+    return WorkerCosts.from_specs(model, hw, emu, tp, physics)
 
 
 def span_sum(k: int, o: float, a0: float, a1: float, m0: float, m1: float) -> float:

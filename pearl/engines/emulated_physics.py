@@ -1,9 +1,13 @@
 """The emulator's free constants for one model on one accelerator, named, bounded and sourced.
 
-The emulated engine's cost model (``emulated_costs.py``) is a roofline over the model's shape
-(``ModelSpec``) and the accelerator's datasheet (``HardwareSpec``). What neither file can say is
-how efficiently a real serving stack uses the hardware, and how much of a conversation's prefix a
-real cache reuses: those are the constants here. Each field is ``None`` by default, meaning "the
+The emulated engine's per-iteration costs come from measured kernel tables
+(``emulated_tables.py``, ``emulator.costs: database``); what a kernel database cannot say - how
+much of a conversation's prefix a real cache reuses, how much KV a decoding request holds, how much
+memory the engine takes, the workload's means - are the constants here. The datasheet roofline
+(``emulated_costs.WorkerCosts``, ``emulator.costs: datasheet`` only) also reads the efficiency and
+fixed-cost constants (``weight_read_efficiency``, ``kv_read_efficiency``, ``decode_step_s``,
+``prefill_forward_s``, ``prefill_mfu``, ``moe_floor``, ``moe_exponent``), which the tables cover:
+the shipped files leave them out. Each field is ``None`` by default, meaning "the
 value the run config already gives" (``HardwareSpec`` for the efficiencies and step costs,
 ``EmulatorSpec.prefix_reuse`` for both reuse factors, a plain touched-expert count for MoE), so a
 file with every field ``None`` emulates exactly what the run config alone does.

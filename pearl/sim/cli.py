@@ -120,9 +120,10 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "calibrate", help="fit the emulator's free constants to the paper's single-system measurements",
         description="Weighted least squares on makespan ratios (pearl/sim/calibrate.py): a coarse grid, then "
                     "local search; writes the constants and every target's residual to configs/emulator/.")
-    p.add_argument("--params", default="decode_kv_reserve,prefix_reuse_prefill,kv_read_efficiency",
+    p.add_argument("--params", default="prefix_reuse_colocated,decode_kv_reserve,memory_utilization",
                    help="comma list of constants to fit (pearl.sim.calibrate.PARAMS)")
-    p.add_argument("--targets", default="", help="comma list of target names or prefixes (default: all)")
+    p.add_argument("--targets", default="colocated",
+                   help="comma list of target names or prefixes ('colocated': Sec. 2.1, 3.1, 3.2; '' for all)")
     p.add_argument("--seeds", type=int, default=8, help="paired workload seeds per point of the search")
     p.add_argument("--final-seeds", type=int, default=None, help="seeds of the final scoring (default --seeds)")
     p.add_argument("--grid", type=int, default=3,

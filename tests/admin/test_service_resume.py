@@ -51,7 +51,8 @@ def tiny_cfg(out: Path) -> Any:
                      "turns": {"mean": 1, "cv": 0.0, "min": 1, "max": 1}},
         "engine": {"kind": "vllm", "max_model_len": 1024},
         "emulator": {"launch_s": [0.05, 0.1], "admission_s": [0.01, 0.02], "activation_s": [0.01, 0.02],
-                     "deactivation_s": [0.01, 0.02], "weight_update_s": 0.01},
+                     "deactivation_s": [0.01, 0.02], "weight_update_s": 0.01,
+                     "costs": "datasheet"},  # tiny-qwen3 is not in the measured kernel database
         "env": {"kind": "tiny", "num_tasks": 4, "max_new_tokens": 8, "max_turns": 1, "min_turn_tokens": 4},
         "train": {"world_size": 1, "backend": "gloo", "learning_rate": 1e-4, "micro_batch_tokens": 1024},
         "policy": {"max_staleness": 1},

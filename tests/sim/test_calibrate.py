@@ -28,6 +28,8 @@ def test_targets_are_the_in_sample_list() -> None:
     assert [t.name for t in cal.select_targets("fig7-30b,bs9")] == ["bs96", *(f"fig7-30b-{n}" for n in (4, 8, 12, 16))]
     with pytest.raises(cal.CalibrationError, match="unknown targets"):
         cal.select_targets("fig9")
+    colocated = [t.name for t in cal.select_targets("colocated")]
+    assert colocated == ["rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share"]
 
 
 def test_residuals_rank_targets_one_sided() -> None:
@@ -83,6 +85,9 @@ def test_cli_rejects_unknown_targets_and_constants(capsys: pytest.CaptureFixture
     assert sim_main(["calibrate", "--targets", "rollout-share", "--params", "nope", "--seeds", "1", "--grid", "1",
                      "--dry-run"]) == 2
     assert "unknown constants ['nope']" in capsys.readouterr().err
+    # the measured kernel tables (the default emulator.costs) cover the datasheet formulas' constants
+    assert sim_main(["calibrate", "--params", "prefill_mfu,kv_read_efficiency", "--seeds", "1", "--dry-run"]) == 2
+    assert "prefill_mfu, kv_read_efficiency: the measured kernel tables" in capsys.readouterr().err
 
 
 def _waits(reserve: float) -> tuple[float, dict[str, float]]:

@@ -138,7 +138,7 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
     within 2.5 %. The step is fitted on the emulator's logged decode spans
     (``pearl.core.iteration_fit``), which carry no prefill stall; on the calibrated means too: the
     next test."""
-    from pearl.engines.emulated_costs import WorkerCosts
+    from pearl.engines.emulated_costs import worker_costs
     from pearl.sim.simulate import measure_makespan
 
     cfg = load_config("qwen3-8b-h200", preset_overrides("paper"))
@@ -147,8 +147,8 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
     assert hw.samples > 0  # fitted, not the prior
     from pearl.engines.emulated_physics import load_physics
 
-    costs = WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size,
-                                   load_physics(cfg.model.name, cfg.hardware.name).engine)
+    costs = worker_costs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size,
+                         load_physics(cfg.model.name, cfg.hardware.name).engine)
     for ctx in (4000.0, 12000.0, 24000.0):
         for n in (1, 5, 9, 12, 16):
             assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
@@ -157,7 +157,7 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
 def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
     """As above, on the workload the replays run (``load_preset_config``: the physics file's
     workload means), up to the 21 sequences a 3-decode-worker pool of batch 64 runs."""
-    from pearl.engines.emulated_costs import WorkerCosts
+    from pearl.engines.emulated_costs import worker_costs
     from pearl.engines.emulated_physics import load_physics
     from pearl.sim.presets import load_preset_config
     from pearl.sim.simulate import measure_makespan
@@ -165,8 +165,8 @@ def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
     cfg = load_preset_config("qwen3-8b-h200", "paper")
     _, tracker = measure_makespan(cfg, 12, "coloc", 1)
     hw = tracker.hardware
-    costs = WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size,
-                                   load_physics(cfg.model.name, cfg.hardware.name).engine)
+    costs = worker_costs(cfg.model, cfg.hardware, cfg.emulator, cfg.cluster.tp_size,
+                         load_physics(cfg.model.name, cfg.hardware.name).engine)
     for ctx in (4000.0, 12000.0, 24000.0):
         for n in (1, 5, 9, 16, 21):
             assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
