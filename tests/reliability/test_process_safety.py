@@ -33,9 +33,11 @@ class Handle:
     pid: int
 
 
-def server(pid: int) -> SleepServer:
+def server(pid: int, pgid: int) -> SleepServer:
+    """A handle as ``start`` leaves it: the process and the group id recorded at spawn."""
     srv = SleepServer(spec=ServerSpec("w0", ("0",), Role.COLOCATED, "x"), log_dir=Path("."))
     srv.proc = Handle(pid)  # type: ignore[assignment]
+    srv.pgid = pgid
     return srv
 
 
@@ -43,15 +45,15 @@ def server(pid: int) -> SleepServer:
 def test_never_signals_init_or_our_own_group(pid: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(os, "killpg", lambda p, s: calls.append((p, s)))
-    value = {"zero": 0, "one": 1, "own_group": os.getpid()}[pid]
-    server(value)._kill_group(signal.SIGTERM)
+    value, group = {"zero": (0, 0), "one": (1, 1), "own_group": (os.getpid(), os.getpgrp())}[pid]
+    server(value, group)._kill_group(signal.SIGTERM)
     assert calls == []
 
 
 async def test_a_child_in_its_own_session_is_signalled() -> None:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(600)",
                                                 start_new_session=True)
-    srv: Any = server(proc.pid)
+    srv: Any = server(proc.pid, proc.pid)  # a new session's leader: its pid is its group's id
     srv.proc = proc
     srv._kill_group(signal.SIGKILL)
     assert await proc.wait() == -signal.SIGKILL
