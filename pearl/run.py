@@ -238,6 +238,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             f"[pearl run] still starting after {s:.0f} s (the servers compile their CPU kernels)", flush=True))
         times.engine_start_s = time.monotonic() - t_eng
         print(f"[pearl run] ready after {times.engine_start_s:.0f} s; rolling out", flush=True)
+        story.t0 = time.monotonic()  # rollout starts: the story's 0:00 (earlier elastic entries are the start-up)
         observer.start()
         trace_task = asyncio.get_running_loop().create_task(
             _replay_trace(controller, schedule, trace_sent), name="trace-replay")
@@ -266,6 +267,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             plot_run(out_dir / "run.png", story.steps, story.samples, story.events, story.t0 or 0.0,
                      cfg.cluster.training_gpus, f"PEARL run: {cfg.name} ({cfg.model.name}, env {cfg.env.kind})")
         summary_src = controller.summary() if hasattr(controller, "summary") else {}
+        with contextlib.suppress(Exception):  # every elastic decision as logged, for a closer look
+            (out_dir / "elastic-history.json").write_text(json.dumps(controller.history(1_000_000), default=str))
         await controller.stop()
         await trainer.close()
     times.end = times.end or time.monotonic()

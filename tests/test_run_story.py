@@ -61,6 +61,18 @@ def test_new_entries_are_read_once_across_polls_and_a_front_truncated_window() -
     assert new_entries(HISTORY[1:6], t, n) == ([], 175.0, 1)
 
 
+def test_start_up_entries_before_the_first_sample_leave_only_the_first_pd_decision() -> None:
+    said: list[str] = []
+    story = RunStory(say=said.append, plain=True, heartbeat_s=1e9)
+    startup = [{"t": 10.0, "kind": "expand_started", "group": "x1", "workers": ["w-r0-0"]},
+               {"t": 90.0, "kind": "expand_admitted", "group": "x1", "workers": ["w-r0-0"], "wait_s": 80.0},
+               {"t": 91.0, "kind": "replan", "reason": "start", "decision": DECISION}]
+    story.observe(sample(100.0), startup)
+    assert [e.kind for e in story.events] == ["pd"]
+    assert said == ["[pearl run 0:00] PD decision: coloc (colocated), predicted batch makespan 42 s vs 1P1D 55 s, "
+                    "from telemetry of 2 worker(s)"]
+
+
 def test_piped_run_prints_each_event_once_and_the_step_line_says_what_happened_since_the_last_step() -> None:
     said: list[str] = []
     story = RunStory(say=said.append, plain=True, heartbeat_s=1e9, total_steps=12)

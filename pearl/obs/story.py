@@ -4,7 +4,7 @@ Life cycle: ``RunStory`` is built by the run; the ``RunObserver`` hands it every
 the controller's elastic history (``ControlPlane.history``); the run hands it every finished step.
 
 * ``observe(sample, history)`` turns the history entries it has not seen (``new_entries``) into
-  ``StoryEvent`` s (``story_event``: grant, expansion prepared / admitted, reclaim notice, shrink,
+  ``StoryEvent`` s (those before the first sample are the start-up: only its PD decision is kept) (``story_event``: grant, expansion prepared / admitted, reclaim notice, shrink,
   borrow, return, PD decision, failures, each with its measured cost where it has one), keeps them,
   and, when the run is not on a terminal (``plain``), prints each as one line at once; it prints a
   status line when nothing was printed for ``heartbeat_s``, so a piped run (CI, a log file) is never
@@ -259,7 +259,9 @@ class RunStory:
                     self._label = str(d.get("label"))
             else:
                 ev = story_event(e)
-            if ev is not None:
+            # the start-up (the reserved workers launched as one expansion) is the run's "ready after" line;
+            # its PD decision is kept: it is the first allocation
+            if ev is not None and (ev.t >= self.t0 or ev.kind == "pd"):
                 out.append(ev)
         self.events += out
         self._since_step += out
