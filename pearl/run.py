@@ -223,7 +223,8 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     trainer = TrainerClient(model_path, out_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
                             release_when_idle=lends_training_gpus(cfg))
     times.setup_s = time.monotonic() - times.t0
-    story = RunStory(say=lambda line: print(line, flush=True), plain=not live, total_steps=steps)
+    story = RunStory(say=lambda line: print(line, flush=True), plain=not live, total_steps=steps,
+                     training_gpus=cfg.cluster.training_gpus)
     observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
                            live=live, title=f"PEARL run: {cfg.name}", story=story)
     schedule = _trace_schedule(cfg, notice_s)
@@ -265,7 +266,7 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             await observer.stop(write_report=True)
         with contextlib.suppress(Exception):  # the picture of what happened, also of a failed run
             plot_run(out_dir / "run.png", story.steps, story.samples, story.events, story.t0 or 0.0,
-                     cfg.cluster.training_gpus, f"PEARL run: {cfg.name} ({cfg.model.name}, env {cfg.env.kind})")
+                     f"PEARL run: {cfg.name} ({cfg.model.name}, env {cfg.env.kind})")
         summary_src = controller.summary() if hasattr(controller, "summary") else {}
         with contextlib.suppress(Exception):  # every elastic decision as logged, for a closer look
             (out_dir / "elastic-history.json").write_text(json.dumps(controller.history(1_000_000), default=str))

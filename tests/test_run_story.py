@@ -152,6 +152,19 @@ def test_highlights_say_each_thing_the_run_showed() -> None:
     assert lines[4] == "trajectories lost: 0"
 
 
+def test_plot_roles_count_each_gpu_once_by_zone() -> None:
+    from pearl.obs.story import plot_roles
+
+    cats = {"r0": ("reserved", "colocated"), "spot-00": ("preemptible", "idle"), "t0": ("overlap", "idle")}
+    assert plot_roles(cats, training_gpus=1) == {"colocated": 1, "preparing": 1, "lent, idle": 1, "training": 0}
+    cats = {"r0": ("reserved", "colocated"), "t0": ("overlap", "borrowed")}
+    assert plot_roles(cats, training_gpus=1) == {"colocated": 1, "borrowed": 1, "training": 0}
+    assert plot_roles({"r0": ("reserved", "decode")}, training_gpus=2) == {"decode": 1, "training": 2}
+    story = RunStory(say=lambda _: None, plain=False, training_gpus=1)
+    story.observe(sample(0.0), [], {"r0": ("reserved", "colocated")})
+    assert story.samples == [(0.0, {"colocated": 1, "training": 1})]
+
+
 def test_the_picture_is_a_png_with_both_panels(tmp_path: Path) -> None:
     story = RunStory(say=lambda _: None, plain=False)
     for t, per in [(100.0, {"colocated": 1, "idle": 1}), (200.0, {"colocated": 2, "borrowed": 1}),
@@ -160,6 +173,6 @@ def test_the_picture_is_a_png_with_both_panels(tmp_path: Path) -> None:
     from pearl.obs.story import StepPoint
 
     steps = [StepPoint(160.0, 1, 0.2, 0.1), StepPoint(300.0, 2, 0.4, 0.2)]
-    path = plot_run(tmp_path / "run.png", steps, story.samples, story.events, 100.0, 1, "demo")
+    path = plot_run(tmp_path / "run.png", steps, story.samples, story.events, 100.0, "demo")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -164,7 +164,7 @@ class RunObserver:
             r.modes.append((t, str(label)))
         r.last = s
         if self.story is not None:
-            self.story.observe(s, self.control.history(HISTORY_WINDOW))
+            self.story.observe(s, self.control.history(HISTORY_WINDOW), cats)
         if self._tb is not None:
             for tag, v in s.scalars().items():
                 self._tb.add_scalar(tag, v, global_step=self._n, walltime=t)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: the kinds a ``StoryEvent`` can have (the plot marks each kind with its own colour)
-KINDS = ("grant", "expansion", "admitted", "notice", "shrink", "borrow", "return", "pd", "failure")
+KINDS = ("grant", "expansion", "admitted", "notice", "shrink", "borrow", "return", "pd", "failure", "declined")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ def story_event(e: Mapping[str, Any]) -> StoryEvent | None:
                           f"{_num(g.get('cost_s')) or 0:.1f} s)", short="borrow")
     if kind == "borrow_declined":
         g = e.get("gate") or {}
-        return StoryEvent(t, "borrow", f"borrow declined after step {e.get('step')}: {g.get('reason', 'gate')}",
+        return StoryEvent(t, "declined", f"borrow declined after step {e.get('step')}: {g.get('reason', 'gate')}",
                           short="borrow declined")
     if kind == "return":
         d = _num(e.get("delay_s"))
@@ -134,8 +134,8 @@ def story_event(e: Mapping[str, Any]) -> StoryEvent | None:
                           + f", {e.get('aborted_requests', 0)} request(s) aborted and resumed", d,
                           f"return {_ids(e.get('workers'))}")
     if kind == "switch_declined":
-        return StoryEvent(t, "pd", f"PD switch {e.get('current')} -> {e.get('target')} declined: the predicted "
-                                   "saving does not pay for the switch", short="PD switch declined")
+        return StoryEvent(t, "declined", f"PD switch {e.get('current')} -> {e.get('target')} declined: the "
+                                         "predicted saving does not pay for the switch", short="PD switch declined")
     if kind in ("expand_failed", "worker_failed", "error", "grant_declined", "expand_declined"):
         why = e.get("error") or e.get("reason") or ""
         return StoryEvent(t, "failure", f"{kind.replace('_', ' ')}: {why}".rstrip(": "), short=kind.replace("_", " "))
@@ -206,6 +206,25 @@ def step_line(rec: StepRecord, batch: Mapping[str, float], events: Sequence[Stor
             f"weight sync {rec.sync_s:.1f} s; {upd}")
 
 
+def plot_roles(cats: Mapping[str, tuple[str, str]], training_gpus: int) -> dict[str, int]:
+    """GPUs per role for the plot from one sample's gpu -> (zone, category): the serving roles
+    (colocated / prefill / decode), ``borrowed`` (a lent training GPU serving rollout), ``preparing``
+    (a preemptible GPU whose worker is not serving yet), ``lent, idle``, ``idle`` (a reserved GPU with
+    no serving worker), and ``training`` = ``training_gpus`` - the training GPUs drawn as lent."""
+    out: dict[str, int] = {}
+    lent = 0
+    for zone, cat in cats.values():
+        if zone == "overlap":
+            lent += 1
+        role = cat
+        if cat == "idle":
+            role = {"preemptible": "preparing", "overlap": "lent, idle"}.get(zone, "idle")
+        out[role] = out.get(role, 0) + 1
+    if training_gpus:
+        out["training"] = max(0, training_gpus - lent)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class StepPoint:
     """A finished step for the plot: when (controller clock), which, its reward mean and spread."""
@@ -224,6 +243,7 @@ class RunStory:
     plain: bool
     heartbeat_s: float = 60.0
     total_steps: int | None = None
+    training_gpus: int = 0
     events: list[StoryEvent] = field(default_factory=list)
     steps: list[StepPoint] = field(default_factory=list)
     samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
@@ -239,11 +259,15 @@ class RunStory:
         self.say(line)
         self._last_said = t
 
-    def observe(self, s: Sample, history: Sequence[Mapping[str, Any]]) -> list[StoryEvent]:
-        """Fold one sample and the history's new entries in; returns the new events."""
+    def observe(self, s: Sample, history: Sequence[Mapping[str, Any]],
+                cats: Mapping[str, tuple[str, str]] | None = None) -> list[StoryEvent]:
+        """Fold one sample and the history's new entries in; returns the new events. ``cats``:
+        gpu id -> (zone, category) of the sample (``pearl.sim.metrics.category_of``), for the plot's
+        roles (``plot_roles``); without it the sample's counts per category are kept."""
         if self.t0 is None:
             self.t0 = s.t
-        self.samples.append((s.t, dict(s.gpus_per_category)))
+        self.samples.append((s.t, plot_roles(cats, self.training_gpus) if cats is not None
+                             else dict(s.gpus_per_category)))
         self._last_sample = s
         fresh, self._last_t, self._seen = new_entries(history, self._last_t, self._seen)
         out: list[StoryEvent] = []

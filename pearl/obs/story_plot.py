@@ -5,10 +5,11 @@ Two panels over one time axis (minutes since the rollout started, ``t0``):
 * top: the mean reward of each training step's batch, drawn at the time the step finished, with its
   spread (+- the population standard deviation, ``pearl.obs.story.batch_stats``) as error bars and
   the step number above each point;
-* bottom: GPUs per role over time, stacked (colocated / prefill / decode serving rollout, borrowed
-  training GPUs serving rollout, idle), from the observer's samples (one every ``period_s``), plus
-  the training GPUs not lent, ``training_gpus - borrowed - lent idle``; every elastic event is a
-  vertical line in its kind's colour, labelled with its ``short`` words and measured cost.
+* bottom: GPUs per role over time, stacked (``pearl.obs.story.plot_roles``: colocated / prefill /
+  decode serving rollout, a borrowed training GPU serving rollout, a preemptible GPU preparing, a
+  lent GPU not serving, idle, training), from the observer's samples (one every ``period_s``);
+  every elastic event that changed something is a vertical line in its kind's colour, labelled with
+  its ``short`` words and measured cost (declined gates are in the log lines only).
 """
 
 from __future__ import annotations
@@ -19,26 +20,22 @@ from pathlib import Path
 
 from pearl.obs.story import KINDS, StepPoint, StoryEvent
 
-ROLES = ("colocated", "prefill", "decode", "borrowed", "idle")
+ROLES = ("colocated", "prefill", "decode", "borrowed", "preparing", "lent, idle", "idle", "training")
 ROLE_COLOURS = {"colocated": "#4c72b0", "prefill": "#dd8452", "decode": "#55a868", "borrowed": "#c44e52",
-                "idle": "#cccccc", "training (not lent)": "#8172b3"}
+                "preparing": "#f2c45a", "lent, idle": "#e8a6a6", "idle": "#cccccc", "training": "#8172b3"}
 EVENT_COLOURS = dict(zip(KINDS, ("#2ca02c", "#17becf", "#1f77b4", "#ff7f0e", "#d62728", "#9467bd", "#8c564b",
-                                 "#e377c2", "#000000"), strict=True))
+                                 "#e377c2", "#000000", "#999999"), strict=True))
 
 
-def role_series(samples: Sequence[tuple[float, Mapping[str, int]]], training_gpus: int, t0: float
+def role_series(samples: Sequence[tuple[float, Mapping[str, int]]], t0: float
                 ) -> tuple[list[float], dict[str, list[int]]]:
-    """Minutes since ``t0`` and, per role, the GPU count of each sample (``training (not lent)``
-    included when the cluster has training GPUs)."""
+    """Minutes since ``t0`` and, per role (``pearl.obs.story.plot_roles``), the GPU count of each sample."""
     xs = [(t - t0) / 60 for t, _ in samples]
-    ys = {r: [int(per.get(r, 0)) for _, per in samples] for r in ROLES}
-    if training_gpus:
-        ys["training (not lent)"] = [max(0, training_gpus - int(per.get("borrowed", 0))) for _, per in samples]
-    return xs, ys
+    return xs, {r: [int(per.get(r, 0)) for _, per in samples] for r in ROLES}
 
 
 def plot_run(path: Path, steps: Sequence[StepPoint], samples: Sequence[tuple[float, Mapping[str, int]]],
-             events: Sequence[StoryEvent], t0: float, training_gpus: int, title: str) -> Path:
+             events: Sequence[StoryEvent], t0: float, title: str) -> Path:
     """Write the two-panel PNG to ``path`` and return it."""
     import matplotlib
 
@@ -59,7 +56,7 @@ def plot_run(path: Path, steps: Sequence[StepPoint], samples: Sequence[tuple[flo
     ax_r.set_title(title)
     ax_r.grid(alpha=0.3)
     if samples:
-        xs_g, ys = role_series(samples, training_gpus, t0)
+        xs_g, ys = role_series(samples, t0)
         shown = {k: v for k, v in ys.items() if any(v)}
         if shown:
             ax_g.stackplot(xs_g, *shown.values(), labels=list(shown), colors=[ROLE_COLOURS[k] for k in shown],
@@ -68,6 +65,8 @@ def plot_run(path: Path, steps: Sequence[StepPoint], samples: Sequence[tuple[flo
         ax_g.set_ylim(0, top + 1.5)
         ax_g.legend(loc="upper left", fontsize=7, ncol=3)
     for ev in events:
+        if ev.kind == "declined":  # a gate that said no changed nothing: the log lines carry it
+            continue
         x = (ev.t - t0) / 60
         colour = EVENT_COLOURS.get(ev.kind, "#000000")
         for ax in (ax_r, ax_g):
