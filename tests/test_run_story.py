@@ -51,6 +51,11 @@ def test_each_elastic_entry_reads_as_one_event_with_its_measured_cost() -> None:
     assert texts["notice"] == "reclaim notice: spot-00 must be free within 30 s"
     assert texts["borrow"] == "borrow: training GPU(s) lent to rollout after step 1 (gate: predicted saving 12.5 s > cost 6.0 s)"
     assert story_event({"t": 1.0, "kind": "queued"}) is None
+    failed = story_event({"t": 2.0, "kind": "expand_failed", "group": "x2",
+                          "error": "admission: worker w-spot-00-4: vLLM server died (exit code -9); last log lines:\n"
+                                   "INFO a\nINFO b"})
+    assert failed is not None and failed.text == ("expand failed: admission: worker w-spot-00-4: vLLM server died "
+                                                  "(exit code -9); last log lines")
 
 
 def test_new_entries_are_read_once_across_polls_and_a_front_truncated_window() -> None:

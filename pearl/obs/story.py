@@ -137,8 +137,9 @@ def story_event(e: Mapping[str, Any]) -> StoryEvent | None:
         return StoryEvent(t, "declined", f"PD switch {e.get('current')} -> {e.get('target')} declined: the "
                                          "predicted saving does not pay for the switch", short="PD switch declined")
     if kind in ("expand_failed", "worker_failed", "error", "grant_declined", "expand_declined"):
-        why = e.get("error") or e.get("reason") or ""
-        return StoryEvent(t, "failure", f"{kind.replace('_', ' ')}: {why}".rstrip(": "), short=kind.replace("_", " "))
+        why = str(e.get("error") or e.get("reason") or "")
+        first = why.splitlines()[0] if why else ""  # one line: a server's log tail stays in elastic-history.json
+        return StoryEvent(t, "failure", f"{kind.replace('_', ' ')}: {first}".rstrip(": "), short=kind.replace("_", " "))
     return None
 
 
