@@ -49,7 +49,7 @@ def test_each_elastic_entry_reads_as_one_event_with_its_measured_cost() -> None:
     assert texts["shrink"] == ("shrink: spot-00 released in 2.2 s, 4 request(s) aborted with their partial output "
                                "kept and resumed elsewhere, deadline met")
     assert texts["notice"] == "reclaim notice: spot-00 must be free within 30 s"
-    assert texts["borrow"] == "borrow: training GPU(s) lent to rollout after step 1 (gate: predicted saving 12.5 s > cost 6.0 s)"
+    assert texts["borrow"] == "borrow: training GPU(s) lent to rollout after step 1 (gate: predicted saving 12.5 s, return cost 6.0 s)"
     assert story_event({"t": 1.0, "kind": "queued"}) is None
     failed = story_event({"t": 2.0, "kind": "expand_failed", "group": "x2",
                           "error": "admission: worker w-spot-00-4: vLLM server died (exit code -9); last log lines:\n"
@@ -89,8 +89,8 @@ def test_piped_run_prints_each_event_once_and_the_step_line_says_what_happened_s
         "[pearl run 0:20] grant: preemptible GPU(s) spot-00 joined the cluster",
         "[pearl run 0:20] expansion x1: preparing w-spot-00-2 in the background (server start + weight load), "
         "rollout goes on",
-        "[pearl run 0:50] borrow: training GPU(s) lent to rollout after step 1 (gate: predicted saving 12.5 s > "
-        "cost 6.0 s)",
+        "[pearl run 0:50] borrow: training GPU(s) lent to rollout after step 1 (gate: predicted saving 12.5 s, "
+        "return cost 6.0 s)",
         "[pearl run 1:15] return: o-t0 given back before step 2 in 1.2 s, 3 request(s) aborted and resumed",
     ]
     recs = [TrajectoryRecord(f"t{i}", "g", (Segment((1,), False), Segment((2, 3), True, (-0.1, -0.2), 1)), r,

@@ -121,7 +121,7 @@ def story_event(e: Mapping[str, Any]) -> StoryEvent | None:
     if kind == "borrow":
         g = e.get("gate") or {}
         return StoryEvent(t, "borrow", f"borrow: training GPU(s) lent to rollout after step {e.get('step')} "
-                          f"(gate: predicted saving {_num(g.get('saving_s')) or 0:.1f} s > cost "
+                          f"(gate: predicted saving {_num(g.get('saving_s')) or 0:.1f} s, return cost "
                           f"{_num(g.get('cost_s')) or 0:.1f} s)", short="borrow")
     if kind == "borrow_declined":
         g = e.get("gate") or {}
