@@ -344,7 +344,7 @@ def reconfiguration_lines(recs: dict[str, Any]) -> list[str]:
         members = ", ".join(f"{w} on {'+'.join(m.get('gpus', []))}" for w, m in g.get("members", {}).items())
         out.append(f"expansion {g.get('group_id')} [{members}]: {g.get('status')}; preparation "
                    f"{_secs(g.get('started_at'), g.get('ready_at'))}, admission {_secs(g.get('ready_at'), g.get('admitted_at'))}"
-                   + (f"; error: {g['error']}" if g.get("error") else ""))
+                   + (f"; error: {str(g['error']).splitlines()[0]}" if g.get("error") else ""))
     for sh in recs.get("shrinks", []):
         out.append(f"shrink of {', '.join(sh.get('gpus', []))}: released in {_secs(sh.get('started_at'), sh.get('released_at'))}, "
                    f"{sh.get('aborted_requests', 0)} requests aborted (their partial output kept and resumed), "

@@ -67,3 +67,13 @@ def test_reconfiguration_lines_give_durations() -> None:
         "shrink of spot-00: released in 2.2 s, 4 requests aborted (their partial output kept and resumed), deadline met",
         "return of borrowed o-t0 before an update: 11.2 s, 4 requests aborted and resumed",
     ]
+
+
+def test_a_failed_expansion_is_one_summary_line() -> None:
+    recs = {"expansions": [{"group_id": "x2", "status": "failed", "started_at": 10.0, "ready_at": 376.1,
+                            "admitted_at": None, "members": {},
+                            "error": "admission: worker w-spot-00-4: vLLM server died (exit code -9); last log "
+                                     "lines:\nINFO shutdown\nERROR EngineDeadError"}]}
+    assert reconfiguration_lines(recs) == [
+        "expansion x2 []: failed; preparation 366.1 s, admission -; error: admission: worker w-spot-00-4: vLLM "
+        "server died (exit code -9); last log lines:"]

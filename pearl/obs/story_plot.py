@@ -67,7 +67,7 @@ def plot_run(path: Path, steps: Sequence[StepPoint], samples: Sequence[tuple[flo
     for ev in events:
         if ev.kind == "declined":  # a gate that said no changed nothing: the log lines carry it
             continue
-        x = (ev.t - t0) / 60
+        x = max(0.0, (ev.t - t0) / 60)  # the start-up's PD decision is drawn at the rollout's start
         colour = EVENT_COLOURS.get(ev.kind, "#000000")
         for ax in (ax_r, ax_g):
             ax.axvline(x, color=colour, lw=0.8, ls="--", alpha=0.8)
