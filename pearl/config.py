@@ -371,10 +371,11 @@ class TrainSpec(_Strict):
         default="float32", description="trainer parameter/optimizer dtype (the master weights)"
     )
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="dtype of the forward/backward matmuls: bfloat16 = mixed precision "
+        default="float32", description="dtype of the forward/backward matmuls: bfloat16 = mixed precision "
         "(torch.autocast; master weights, gradients and optimizer stay in param_dtype; log-probabilities are "
         "taken in float32); auto: bfloat16 on a CUDA GPU or a CPU with native bf16 (AVX512-BF16/AMX), else "
-        "float32 (pearl/dtypes.py)"
+        "float32 (pearl/dtypes.py; the configs/cpu-*.yaml of `pearl run` say auto). The default float32 keeps "
+        "a bare TrainSpec exact on every machine"
     )
     snapshot_dtype: Literal["float32", "bfloat16"] = Field(
         default="bfloat16", description="dtype of the weight snapshots and broadcasts for the engines"

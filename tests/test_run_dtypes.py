@@ -91,3 +91,16 @@ def test_the_vllm_server_is_started_with_the_resolved_dtype(tmp_path: Path) -> N
     assert VllmEngine.from_config(cfg.engine, tmp_path).settings.dtype == "float32"
     auto = VllmEngine.from_config(load_config(CONFIG_DIR / "cpu-demo.yaml").engine, tmp_path).settings.dtype
     assert auto == choose_dtype("auto", read_cpu_features(), "cpu").dtype
+
+
+def test_a_trainer_rank_given_auto_probes_its_own_cpu_and_obeys_an_explicit_dtype(tmp_path: Path) -> None:
+    from pearl.config import TrainSpec
+    from pearl.train.trainer import RankConfig, TrainerRank
+
+    def rank(dtype: str) -> TrainerRank:
+        return TrainerRank(RankConfig("unused", str(tmp_path), TrainSpec(compute_dtype=dtype)))  # type: ignore[arg-type]
+
+    assert rank("auto").compute_dtype == choose_dtype("auto", read_cpu_features(), "cpu").dtype
+    assert rank("float32").compute_dtype == "float32"
+    assert rank("bfloat16").compute_dtype == "bfloat16"
+    assert TrainSpec().compute_dtype == "float32"  # a bare spec stays exact on every machine
