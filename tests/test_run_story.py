@@ -23,7 +23,7 @@ HISTORY: list[dict[str, Any]] = [
     {"t": 100.0, "kind": "replan", "reason": "start", "decision": DECISION},
     {"t": 120.0, "kind": "grant", "gpus": ["spot-00"]},
     {"t": 120.0, "kind": "expand_started", "group": "x1", "workers": ["w-spot-00-2"]},
-    {"t": 130.0, "kind": "replan", "reason": "batch", "decision": DECISION},  # same allocation: no line
+    {"t": 130.0, "kind": "replan", "reason": "batch", "decision": DECISION},  # same allocation and pool: no line
     {"t": 150.0, "kind": "borrow", "step": 1, "gate": {"saving_s": 12.5, "cost_s": 6.0}},
     {"t": 175.0, "kind": "return", "step": 2, "workers": ["o-t0"], "aborted_requests": 3, "delay_s": 1.25},
     {"t": 210.0, "kind": "expand_admitted", "group": "x1", "workers": ["w-spot-00-2"], "wait_s": 90.0},
@@ -141,6 +141,20 @@ async def test_a_slow_start_says_it_is_still_starting() -> None:
 
     assert await with_heartbeat(slow(), 0.1, ticks.append) == "ready"
     assert len(ticks) == 3
+
+
+def test_a_pd_line_when_the_pool_grows_even_if_the_allocation_keeps_its_label() -> None:
+    said: list[str] = []
+    story = RunStory(say=said.append, plain=True, heartbeat_s=1e9)
+    grown = {**DECISION, "n_workers": 3, "predicted_makespan_s": 20.0}
+    story.observe(sample(100.0), [{"t": 100.0, "kind": "replan", "decision": DECISION},
+                                  {"t": 101.0, "kind": "replan", "decision": DECISION},
+                                  {"t": 102.0, "kind": "replan", "decision": grown}])
+    assert said == [
+        "[pearl run 0:00] PD decision: coloc (colocated), predicted batch makespan 42 s vs 1P1D 55 s, from "
+        "telemetry of 2 worker(s)",
+        "[pearl run 0:02] PD decision: coloc (colocated), predicted batch makespan 20 s vs 1P1D 55 s, from "
+        "telemetry of 3 worker(s)"]
 
 
 def test_highlights_say_each_thing_the_run_showed() -> None:

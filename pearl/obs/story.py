@@ -252,6 +252,7 @@ class RunStory:
     _last_t: float | None = None
     _seen: int = 0
     _label: str | None = None
+    _pool: Any = None  # n_workers of the last PD line's decision
     _since_step: list[StoryEvent] = field(default_factory=list)
     _last_said: float | None = None
     _last_sample: Sample | None = None
@@ -277,11 +278,12 @@ class RunStory:
             if e.get("kind") == "replan":
                 d = e.get("decision")
                 ev = None
-                if isinstance(d, Mapping) and d.get("label") != self._label:
-                    ev = StoryEvent(float(e.get("t", s.t)), "pd", ("" if self._label is None else
-                                    f"PD switch {self._label} -> {d.get('label')}; ") + _decision_text(d),
-                                    short=f"PD {d.get('label')}")
-                    self._label = str(d.get("label"))
+                # a PD line when the allocation or the pool it was chosen for changes
+                if isinstance(d, Mapping) and (d.get("label"), d.get("n_workers")) != (self._label, self._pool):
+                    switch = self._label is not None and d.get("label") != self._label
+                    ev = StoryEvent(float(e.get("t", s.t)), "pd", (f"PD switch {self._label} -> {d.get('label')}; "
+                                    if switch else "") + _decision_text(d), short=f"PD {d.get('label')}")
+                    self._label, self._pool = str(d.get("label")), d.get("n_workers")
             else:
                 ev = story_event(e)
             # the start-up (the reserved workers launched as one expansion) is the run's "ready after" line;
