@@ -54,7 +54,8 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy pearl envs --exclude '^envs/repofix/projects/'
 
-## run: PEARL end to end on this CPU (real vLLM engines, trainer, repofix env, availability trace)
+## run: PEARL end to end on this CPU (real vLLM engines, trainer, a task the model learns, availability trace,
+## a training GPU lent between updates; configs/cpu-demo.yaml)
 run: setup
 	$(BIN)/python -m pearl run --config $(CONFIG)
 

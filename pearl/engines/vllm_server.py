@@ -38,6 +38,7 @@ class VllmSettings:
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     nixl_progress_delay_us: int = 1000  # PD servers: NIXL progress-thread pause (vllm_worker_ext)
+    dtype: str = "bfloat16"  # --dtype: float32 | bfloat16 (pearl.dtypes resolves EngineSpec.dtype "auto")
 
 
 def kv_transfer_config(kv_role: str) -> str:
@@ -70,7 +71,7 @@ class VllmServer(ChildServer):
     def command(self) -> list[str]:
         s = self.settings
         cmd = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.spec.weights,
-               "--served-model-name", SERVED_MODEL_NAME, "--dtype", "bfloat16",
+               "--served-model-name", SERVED_MODEL_NAME, "--dtype", s.dtype,
                "--max-model-len", str(s.max_model_len), "--host", self.spec.host, "--port", str(self.port),
                "--seed", str(s.seed), "--worker-extension-cls", WORKER_EXTENSION,
                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]

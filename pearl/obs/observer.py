@@ -16,7 +16,9 @@ three sinks:
       train/weight_version            train/step
 
   The x axis (``global_step``) is the sample index; ``walltime`` is the clock time.
-- a live ``rich`` display (if enabled) with the same figures.
+- a live ``rich`` display (if enabled) with the same figures and the latest elastic events;
+- the run's story (``pearl.obs.story.RunStory``, if given): the controller's new elastic-history
+  entries of each sample become event lines (printed at once when the run is not on a terminal).
 
 ``stop()`` takes a last sample and writes the run report (``pearl.obs.report.write_run_report``):
 markdown + PNG GPU-role timeline + PNG throughput over time. Sampling every ``period_s`` bounds the
@@ -35,6 +37,7 @@ from typing import Any
 
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.obs.progress import LiveProgress
+from pearl.obs.story import RunStory
 from pearl.runtime.control import ControlPlane, Progress
 from pearl.sim.metrics import GpuLedger, category_of
 from pearl.tasks import cancel_and_wait
@@ -42,6 +45,7 @@ from pearl.tasks import cancel_and_wait
 log = logging.getLogger("pearl.obs")
 
 CATEGORIES = ("prefill", "decode", "colocated", "borrowed", "idle")
+HISTORY_WINDOW = 500  # elastic-history entries read per sample (far more than a sample period produces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,7 @@ class RunObserver:
         tensorboard: bool = True,
         live: bool = False,
         title: str = "PEARL run",
+        story: RunStory | None = None,
     ) -> None:
         self.control = control
         self._now = now
@@ -137,6 +142,7 @@ class RunObserver:
         self._tb_enabled = tensorboard
         self._live = LiveProgress(title) if live else None
         self._task: asyncio.Task[None] | None = None
+        self.story = story
         self._n = 0
         self.batch: dict[str, float] = {}
 
@@ -157,11 +163,13 @@ class RunObserver:
         if label is not None and (not r.modes or r.modes[-1][1] != label):
             r.modes.append((t, str(label)))
         r.last = s
+        if self.story is not None:
+            self.story.observe(s, self.control.history(HISTORY_WINDOW), cats)
         if self._tb is not None:
             for tag, v in s.scalars().items():
                 self._tb.add_scalar(tag, v, global_step=self._n, walltime=t)
         if self._live is not None:
-            self._live.update(s)
+            self._live.update(s, self.story.recent() if self.story is not None else ())
         self._n += 1
         return s
 

@@ -2,11 +2,13 @@
 
 Life cycle: ``start()`` opens a ``rich.live.Live`` on stderr, ``update(sample)`` redraws it (the
 ``RunObserver`` calls it once per sample, so it needs no task of its own), ``stop()`` closes it.
-On a non-terminal stream ``rich`` prints nothing live; the run report is the durable record.
+The panel's last rows are the latest elastic events (``pearl.obs.story``). ``pearl run`` opens it
+only on a terminal; elsewhere the story prints one plain line per event and per step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from pearl.obs.observer import Sample
 
 
-def render(title: str, s: Sample) -> Table:
+def render(title: str, s: Sample, events: Sequence[str] = ()) -> Table:
     p = s.progress
     t = Table(title=title, show_header=False, expand=False)
     t.add_column("what", style="bold")
@@ -34,6 +36,8 @@ def render(title: str, s: Sample) -> Table:
     for key in ("reward_mean", "staleness"):
         if isinstance(known.get(key), int | float):
             t.add_row(key.replace("_", " "), f"{known[key]:.3g}")
+    for i, line in enumerate(events):
+        t.add_row("elastic events" if i == 0 else "", line)
     return t
 
 
@@ -47,9 +51,9 @@ class LiveProgress:
         self._live = Live(console=self.console, refresh_per_second=2, transient=False)
         self._live.start()
 
-    def update(self, sample: Any) -> None:
+    def update(self, sample: Any, events: Sequence[str] = ()) -> None:
         if self._live is not None:
-            self._live.update(render(self.title, sample))
+            self._live.update(render(self.title, sample, events))
 
     def stop(self) -> None:
         if self._live is not None:

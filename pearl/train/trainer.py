@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from pearl.config import TrainSpec
+from pearl.dtypes import choose_dtype, read_cpu_features
 from pearl.train.batch import Sample, micro_batches, pad
 from pearl.train.grpo import aggregate, token_logprobs, token_terms
 
@@ -122,6 +123,8 @@ class TrainerRank:
         self.rank = cfg.rank
         self.world_size = cfg.world_size
         self.device = torch.device(cfg.device)
+        # auto: probed here when the caller did not resolve it (``pearl run`` resolves it once for the run)
+        self.compute_dtype = choose_dtype(self.spec.compute_dtype, read_cpu_features(), self.device.type).dtype
         self.work = Path(cfg.work_dir)
         self.step = 0
         self.sharded = False
@@ -315,13 +318,13 @@ class TrainerRank:
         return out
 
     def _autocast(self) -> Any:
-        """Mixed precision for the forward pass when ``compute_dtype`` is bfloat16 (the backward
+        """Mixed precision for the forward pass when the compute dtype is bfloat16 (the backward
         follows the forward's dtypes); a no-op context otherwise."""
         import contextlib
 
-        if self.spec.compute_dtype == "float32" or self.spec.param_dtype == self.spec.compute_dtype:
+        if self.compute_dtype == "float32" or self.spec.param_dtype == self.compute_dtype:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=_DT[self.spec.compute_dtype])
+        return torch.autocast(device_type=self.device.type, dtype=_DT[self.compute_dtype])
 
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in flat buckets (one collective per ~bucket instead of per tensor)."""
