@@ -132,12 +132,11 @@ def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
 def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> None:
     """The decode step fitted on one colocated batch (12 workers: ~5 sequences each) predicts the
     emulator's iteration at the larger batches of a P:D split's decode pool (9-16 sequences).
-    The step is a roofline, ``max(memory reads, compute)``: adding the matmul compute to the memory
-    reads instead makes it 2-5 % slow at n = 9-12, and every split's makespan with it. With the
-    shipped engine constants on the preset's own workload means (1 s tool calls) the fit is
-    within 2.5 %. The step is fitted on the emulator's logged decode spans
-    (``pearl.core.iteration_fit``), which carry no prefill stall; on the calibrated means too: the
-    next test."""
+    The step is fitted on the emulator's logged decode spans (``pearl.core.iteration_fit``), which
+    carry no prefill stall, as the predictor's two-scale memory-bound step (a fixed part plus a
+    part linear in the KV tokens); the emulator's step is the measured kernel table, which is not
+    linear in either, so the fit is within 4 % (measured -1.9 % at 12 x 4K .. +3.4 % at 1 x 4K on
+    the preset's own workload means). On the calibrated means too: the next test."""
     from pearl.engines.emulated_costs import worker_costs
     from pearl.sim.simulate import measure_makespan
 
@@ -151,12 +150,13 @@ def test_decode_fit_on_one_colocated_batch_holds_at_a_decode_pools_batch() -> No
                          load_physics(cfg.model.name, cfg.hardware.name).engine)
     for ctx in (4000.0, 12000.0, 24000.0):
         for n in (1, 5, 9, 12, 16):
-            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
+            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.04), (n, ctx)
 
 
 def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
     """As above, on the workload the replays run (``load_preset_config``: the physics file's
-    workload means), up to the 21 sequences a 3-decode-worker pool of batch 64 runs."""
+    workload means), up to the 21 sequences a 3-decode-worker pool of batch 64 runs: within 4 %
+    (measured -0.3 % at 5 x 4K .. +2.9 % at 16 x 24K)."""
     from pearl.engines.emulated_costs import worker_costs
     from pearl.engines.emulated_physics import load_physics
     from pearl.sim.presets import load_preset_config
@@ -169,4 +169,4 @@ def test_decode_fit_on_one_colocated_batch_holds_in_the_replay_world() -> None:
                          load_physics(cfg.model.name, cfg.hardware.name).engine)
     for ctx in (4000.0, 12000.0, 24000.0):
         for n in (1, 5, 9, 16, 21):
-            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.025), (n, ctx)
+            assert hw.decode_step_s(n, ctx) == pytest.approx(costs.decode_step_s(n, n * ctx), rel=0.04), (n, ctx)
