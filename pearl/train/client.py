@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -68,6 +69,12 @@ TrainingEvent = TrainingStarted | TrainingFinished
 EventSink = Callable[[TrainingEvent], Awaitable[None]]
 
 _READ_LIMIT = 1 << 26  # longest reply line (bytes)
+log = logging.getLogger(__name__)
+
+
+def _brief(reply: dict[str, Any]) -> str:
+    """A reply's keys and scalar values, for a log line (never a layout or tensor list)."""
+    return ", ".join(f"{k}={v}" if isinstance(v, int | float | str | bool) else k for k, v in reply.items())
 
 
 class TrainerError(RuntimeError):
@@ -150,6 +157,9 @@ class TrainerClient:
         #: traj_ids of every record an update of this client trained on (exactly once: never again)
         self.consumed: set[str] = set()
         self._attempt = 0  # refused (non-finite) attempts at step self.step + 1
+        #: the reply of a rank-0 command whose caller was cancelled after sending it (a weight
+        #: broadcast the receivers refused): read and dropped before the next command
+        self._stale_reply: asyncio.Task[dict[str, Any]] | None = None
 
     @property
     def version(self) -> int:
@@ -216,6 +226,11 @@ class TrainerClient:
         await self.close()
 
     async def _kill(self) -> None:
+        if self._stale_reply is not None:
+            self._stale_reply.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TrainerError, ValueError):
+                await self._stale_reply
+            self._stale_reply = None
         for rk in self._ranks:
             if rk.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -253,12 +268,27 @@ class TrainerClient:
         rk.proc.stdin.write(json.dumps(msg).encode() + b"\n")
         await rk.proc.stdin.drain()
 
+    async def _drain_stale(self) -> None:
+        """Read and drop the reply of a rank-0 command whose caller was cancelled, so that every
+        later reply stays paired with its own command. A rank still in that command (a broadcast
+        whose receivers never joined) answers when it ends: at the latest at the weight group's
+        timeout (``pearl.train.broadcast.open_group``)."""
+        task, self._stale_reply = self._stale_reply, None
+        if task is None:
+            return
+        try:
+            reply = await task
+            log.warning("trainer rank 0: dropped the reply of a cancelled command: %s", _brief(reply))
+        except (TrainerError, ValueError) as e:
+            log.warning("trainer rank 0: the cancelled command ended with an error: %s", str(e).splitlines()[0])
+
     async def _all(self, cmd: str, payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Send ``cmd`` to every rank and await every reply; any failure fails the client."""
         if self._failed is not None:
             raise TrainerError(f"trainer failed earlier ({self._failed}); restart it with resume=True")
         if not self._ranks:
             raise TrainerError("trainer not started: await TrainerClient.start() first")
+        await self._drain_stale()
 
         async def one(rk: _Rank, p: dict[str, Any]) -> dict[str, Any]:
             await self._send(rk, {"cmd": cmd, **p})
@@ -363,8 +393,15 @@ class TrainerClient:
             if self._failed is not None or not self._ranks:
                 raise TrainerError(f"trainer not running ({self._failed or 'not started'})")
             rk = self._ranks[0]
+            await self._drain_stale()
             await self._send(rk, msg)
-            return await self._read(rk)
+            read = asyncio.ensure_future(self._read(rk))
+            try:
+                return await asyncio.shield(read)
+            except asyncio.CancelledError:
+                # the command was sent: its reply will come; the next command reads it first
+                self._stale_reply = read
+                raise
 
     async def weight_layout(self, per_tensor: bool = False) -> Layout:
         """The broadcast layout (``pearl.train.broadcast``), to hand to the receivers."""
