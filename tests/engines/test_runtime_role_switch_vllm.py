@@ -46,7 +46,7 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
     tiny = ensure_models(names=("tiny-qwen3",))["tiny-qwen3"]
     cfg = load_config(CONFIG_DIR / "cpu-demo.yaml", {
         "model": str(CONFIG_DIR / "models" / "tiny-qwen3.yaml"),
-        "cluster.reserved_gpus": 2, "cluster.max_preemptible_gpus": 0,
+        "cluster.reserved_gpus": 2, "cluster.max_preemptible_gpus": 0, "cluster.training_gpus": 0,
         "workload.batch_size": 2, "workload.group_size": 2, "workload.max_trajectory_tokens": 1024,
         "engine.max_model_len": 1024, "engine.start_timeout_s": 720, "engine.device_map": {"r0": "0", "r1": "1"},
         "env.kind": "tiny", "env.max_new_tokens": 8, "env.max_turns": 1, "env.min_turn_tokens": 4,
