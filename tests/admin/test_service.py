@@ -83,7 +83,11 @@ class Proc:
                                  + "\n".join(self.lines[-40:])) from None
 
     async def exit_code(self, timeout_s: float = 300.0) -> int:
-        rc = await asyncio.wait_for(self.proc.wait(), timeout_s)
+        try:
+            rc = await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"still running {timeout_s:.0f} s after the signal; the process's last lines:\n"
+                                 + "\n".join(self.lines[-60:])) from None
         await self._reader
         return rc
 
