@@ -60,11 +60,22 @@ import asyncio
 import contextlib
 import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pearl.config import RunConfig
 from pearl.core.decision import Allocation, Decision, DecisionError
+from pearl.core.elastic_step import (
+    LIFETIME_EMA_ALPHA,
+    ReplanStep,
+    borrow_step,
+    costs_from_policy,
+    expansion_step,
+    replan_step,
+    rollout_budget,
+    slots,
+)
 from pearl.core.events import (
     ElasticEvent,
     GpusGranted,
@@ -75,7 +86,7 @@ from pearl.core.events import (
     TrainingFinished,
     TrainingStarted,
 )
-from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate
+from pearl.core.gate import CostKind
 from pearl.core.outlook import (
     Expansion,
     PoolOutlook,
@@ -83,12 +94,10 @@ from pearl.core.outlook import (
     SwitchHold,
     TrainerView,
     batch_forecast,
-    hold_switch,
-    remaining_s,
     speeds_since,
 )
 from pearl.core.override import Decider
-from pearl.core.planner import Plan, PlanError, StepKind, free_groups, plan
+from pearl.core.planner import Plan, PlanError, StepKind, free_groups
 from pearl.core.state import Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import Clock
 from pearl.runtime.control import SubmitResult, UnknownResourceError
@@ -109,12 +118,20 @@ class _ExpansionDone:
 
 @dataclass(frozen=True, slots=True)
 class _Replan:
-    """Internal event: re-plan after something outside the queue changed the state (a shrink);
-    ``expand``: then consider the free preemptible GPUs again (the retry of a failed expansion)."""
+    """Internal event: re-plan, then consider the free preemptible GPUs again (the retry of a
+    failed expansion)."""
 
     reason: str
     event_id: str = ""
-    expand: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ShrinkDue:
+    """Internal event, put by a notice's timer: the shrink of ``notice`` is due (urgent: handled
+    before every event queued that is not urgent)."""
+
+    notice: _Notice
+    event_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +204,7 @@ class ElasticScheduler:
         self.pipeline = pipeline
         self.shrink_margin_s = shrink_margin_s
         self.expected_lifetime_s = expected_lifetime_s  # EMA of observed preemptible lifetimes
-        self.costs = CostModel(activation_s=cfg.policy.initial_activation_s,
-                               deactivation_s=cfg.policy.initial_deactivation_s,
-                               expansion_prep_s=cfg.policy.initial_expansion_prep_s,
-                               expansion_final_s=cfg.policy.initial_expansion_final_s,
-                               weight_sync_s=cfg.policy.initial_weight_sync_s,
-                               alpha=cfg.policy.cost_ema_alpha)
+        self.costs = costs_from_policy(cfg.policy)
         self.decision: Decision | None = None
         self.allocation: Allocation | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history_limit)
@@ -209,11 +221,15 @@ class ElasticScheduler:
         self._queued_notices: Counter[ReclaimKey] = Counter()  # submitted, not handled yet
         self.shrinks: list[dict[str, Any]] = []
         self.gate_log: list[dict[str, Any]] = []
-        self._queue: asyncio.Queue[tuple[object, asyncio.Future[None] | None]] = asyncio.Queue()
+        #: (urgency: 0 a due shrink, 1 the rest; arrival; event; its waiter)
+        self._queue: asyncio.PriorityQueue[tuple[int, int, object, asyncio.Future[None] | None]] = (
+            asyncio.PriorityQueue())
+        self._arrivals = 0
         self._task: asyncio.Task[None] | None = None
         self._pending = 0
         self._idle = asyncio.Event()
         self._timers: set[asyncio.Task[None]] = set()
+        self._watchers: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -229,7 +245,7 @@ class ElasticScheduler:
 
     async def run(self) -> None:
         while True:
-            ev, done = await self._queue.get()
+            _urgency, _seq, ev, done = await self._queue.get()
             try:
                 await self._handle(ev, done)
             except asyncio.CancelledError:
@@ -264,9 +280,10 @@ class ElasticScheduler:
             await done
         return SubmitResult(applied=True, event_id=eid, detail=detail)
 
-    def _put(self, ev: object, done: asyncio.Future[None] | None = None) -> None:
+    def _put(self, ev: object, done: asyncio.Future[None] | None = None, urgent: bool = False) -> None:
         self._pending += 1
-        self._queue.put_nowait((ev, done))
+        self._arrivals += 1
+        self._queue.put_nowait((0 if urgent else 1, self._arrivals, ev, done))
 
     def _validate(self, ev: ElasticEvent) -> str:
         state = self.executor.state
@@ -318,31 +335,26 @@ class ElasticScheduler:
             await self._consider_expansion("profile refit")
         elif isinstance(ev, _ExpansionDone):
             await self._on_group_done(ev)
+        elif isinstance(ev, _ShrinkDue):
+            await self._on_shrink_due(ev)
         elif isinstance(ev, _Replan):
             await self.replan(ev.reason)
-            if ev.expand:
-                await self._consider_expansion(ev.reason)
+            await self._consider_expansion(ev.reason)
         elif isinstance(ev, _WorkerFailed):
             await self._on_worker_failed(ev)
 
     # ------------------------------------------------------------------ budget and decisions
     def budget(self) -> frozenset[str]:
-        """GPUs rollout may use now (module docstring)."""
-        state = self.executor.state
-        out = set()
-        for g, gpu in state.gpus.items():
-            owner = state.owner_of(g)
-            if gpu.zone is Zone.OVERLAP:
-                if gpu.lent:
-                    out.add(g)
-            elif owner is not None or gpu.zone is Zone.RESERVED:
-                out.add(g)
-        return frozenset(out)
+        """GPUs rollout may use now (``elastic_step.rollout_budget``)."""
+        return rollout_budget(self.executor.state)
 
     def slots(self, budget: frozenset[str]) -> int:
-        state = self.executor.state
-        live = sum(1 for w in state.workers.values() if all(g in budget for g in w.gpus))
-        return live + len(free_groups(state, budget, self.cfg.cluster.tp_size))
+        return slots(self.executor.state, budget, self.cfg.cluster.tp_size)
+
+    def use_overrides(self, overrides: Mapping[int, str]) -> None:
+        """Decide with ``policy.allocation_overrides = overrides`` from now on (a schedule of
+        allocations: the oracle's plan, a fixed-allocation measurement)."""
+        self.policy = self.policy.model_copy(update={"allocation_overrides": dict(overrides)})
 
     def decider(self) -> Decider:
         """The decision with the policy's overrides on the tracker's current profiles."""
@@ -395,15 +407,12 @@ class ElasticScheduler:
             self.allocation = None
             return ReplanOutcome(reason, report=rep)
         try:
-            wish = self.decider().decide(n, self.allocation)
-            p = plan(state, wish.target, budget, self.cfg.cluster.tp_size)
-            held = self._hold_switch(wish, p, budget, batch_boundary)
-            d = held.decision
-            if d is not wish:  # held: plan the current allocation instead
-                p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
+            step = replan_step(self.outlook(), state, budget, self.cfg.cluster.tp_size, batch_boundary)
         except (DecisionError, PlanError) as e:
             self._log("replan", reason=reason, error=str(e))
             return ReplanOutcome(reason, error=str(e))
+        d, p, held = step.decision, step.plan, step.switch
+        self._log_switch(step)
         if self.allocation is not None and d.target != self.allocation:
             if d.target.mode is not self.allocation.mode:
                 self.reconfigurations["mode_switch"] += 1
@@ -432,28 +441,15 @@ class ElasticScheduler:
             self.reconfigurations["errors"] += len(rep.errors)
         return ReplanOutcome(reason, decision=d, plan=p, report=rep, switch=held, expansion=group)
 
-    def _active_steps(self, p: Plan, *kinds: StepKind) -> set[str]:
-        """Workers now serving (ACTIVE) that ``p`` acts on with a step of one of ``kinds`` (the
-        expansion and switch gates' re-planned serving workers)."""
-        workers = self.executor.state.workers
-        return {s.worker_id for s in p.of_kind(*kinds)
-                if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
-
-    def _hold_switch(self, d: Decision, p: Plan, budget: frozenset[str], batch_boundary: bool) -> SwitchHold:
-        """``outlook.hold_switch`` on the pool now; ``p`` is the plan for ``d.target``, whose
-        re-roled serving workers are the switch's cost. Logs the gate when one was evaluated."""
-        serving = sum(1 for wk in self.executor.state.workers.values()
-                      if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus))
-        roled = self._active_steps(p, StepKind.CHANGE_ROLE)
-        held = hold_switch(self.outlook(), d, batch_boundary, len(roled) / max(serving, 1))
+    def _log_switch(self, step: ReplanStep) -> None:
+        """Log the switch gate when ``replan_step`` evaluated one."""
+        held, to = step.switch, step.wish.target.label
         if held.gate is None or held.projected is None:
-            return held
-        self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": held.projected.label,
-                              "to": d.target.label, **held.gate.to_dict()})
+            return
+        self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": held.projected.label, "to": to,
+                              **held.gate.to_dict()})
         if held.held:
-            self._log("switch_declined", current=held.projected.label, target=d.target.label,
-                      gate=held.gate.to_dict())
-        return held
+            self._log("switch_declined", current=held.projected.label, target=to, gate=held.gate.to_dict())
 
     # ------------------------------------------------------------------ inter-scale
     async def _on_grant(self, ev: GpusGranted) -> None:
@@ -481,36 +477,22 @@ class ElasticScheduler:
         groups = self._candidates()
         if not groups:
             return
-        budget = self.budget()
-        n_now = self.slots(budget)
         pending = sum(len(g.members) for g in self.rebuilder.pending())
-        n_base = n_now + pending
-        n_with = n_base + len(groups)
-        decider = self.decider()
-        m_now, m_with = decider.fresh_makespan(n_base), decider.fresh_makespan(n_with)
-        # roles for the new workers: the planner's ADD steps for the target on budget + new GPUs;
-        # the same plan says which serving workers the admission would re-plan (the gate's cost)
-        target = decider.decide(n_with, self.allocation).target
-        new_gpus = {g for gs in groups for g in gs}
-        pool = budget | new_gpus | self.rebuilder.preparing_gpus()
-        try:
-            p = plan(self.executor.state, target, pool, self.cfg.cluster.tp_size)
-        except PlanError as e:
-            self._log("expand_declined", reason=reason, error=str(e))
+        step = expansion_step(self.outlook(), self.executor.state, self.budget(), groups,
+                              self.rebuilder.preparing_gpus(), pending, self.cfg.cluster.tp_size,
+                              self.expected_lifetime_s)
+        if step.gate is None:
+            self._log("expand_declined", reason=reason, error=step.error)
             return
-        stalled = self._active_steps(p, StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
-        gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
-                              self.costs, self.policy, stalled_fraction=len(stalled) / max(n_now, 1))
-        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
-        if not gate.admit:
-            self._log("expand_declined", reason=reason, gate=gate.to_dict(), gpus=sorted(new_gpus))
+        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **step.gate.to_dict()})
+        if not step.gate.admit:
+            self._log("expand_declined", reason=reason, gate=step.gate.to_dict(), gpus=sorted(step.gpus))
             return
-        members = {s.worker_id: (s.gpus, s.role) for s in p.of_kind(StepKind.ADD) if set(s.gpus) <= new_gpus}
-        if not members:
+        if not step.members:
             return
-        grp = self.rebuilder.expand(members, self._on_group_ready)
+        grp = self.rebuilder.expand(step.members, self._on_group_ready)
         self.reconfigurations["expansion_started"] += 1
-        self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), gate=gate.to_dict(),
+        self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), gate=step.gate.to_dict(),
                   reason=reason)
 
     def _on_group_ready(self, grp: ExpansionGroup) -> None:
@@ -563,29 +545,37 @@ class ElasticScheduler:
         for g in ev.gpu_ids:
             t = self.granted_at.pop(g, None)
             if t is not None:
-                self.expected_lifetime_s += 0.3 * ((now - t) - self.expected_lifetime_s)
+                self.expected_lifetime_s += LIFETIME_EMA_ALPHA * ((now - t) - self.expected_lifetime_s)
         start = max(now, ev.deadline - self.shrink_margin_s)
         self._arm(notice, start)
         self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
 
     def _arm(self, notice: _Notice, start: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._shrink_at(notice, start),
-                                                      name=f"shrink-{notice.notice_id}")
+        task = asyncio.get_running_loop().create_task(self._due(notice, start), name=f"shrink-{notice.notice_id}")
         notice.timer = task
         self._timers.add(task)
         task.add_done_callback(self._timers.discard)
 
-    async def _shrink_at(self, notice: _Notice, start: float) -> None:
+    async def _due(self, notice: _Notice, start: float) -> None:
+        """The timer of ``notice``: at ``start`` it queues the shrink (urgent) and ends once the
+        shrink and the survivors' re-plan are done."""
         await self.clock.sleep_until(start)
+        done = asyncio.get_running_loop().create_future()
+        self._put(_ShrinkDue(notice), done, urgent=True)
+        await done
+
+    async def _on_shrink_due(self, ev: _ShrinkDue) -> None:
+        notice = ev.notice
+        if notice.started or self.notices.get(notice.key) is not notice:
+            return  # cancelled, dropped with its GPUs, or shrunk by an earlier timer of the same reclaim
         notice.started = True
         rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
-        if self.notices.get(notice.key) is notice:
-            del self.notices[notice.key]
+        del self.notices[notice.key]
         self._forget_gpus(set(notice.gpus))
         self.reconfigurations["shrink"] += 1
         self.shrinks.append(rep.to_dict())
         self._log("shrink", notice=notice.notice_id, **rep.to_dict())
-        self._put(_Replan(f"re-plan survivors after reclaim {notice.notice_id}"))
+        await self.replan(f"re-plan survivors after reclaim {notice.notice_id}")
 
     def _forget_gpus(self, gone: set[str]) -> None:
         """GPUs that left the table leave every other notice; a notice left with none is dropped
@@ -609,7 +599,7 @@ class ElasticScheduler:
 
         async def later() -> None:
             await self.clock.sleep(delay_s)
-            self._put(_Replan(reason, expand=True))
+            self._put(_Replan(reason))
 
         task = asyncio.get_running_loop().create_task(later(), name="replan-after-failure")
         self._timers.add(task)
@@ -655,17 +645,12 @@ class ElasticScheduler:
         self.trainer = self.trainer.finished(self.clock.now(), self.policy.cost_ema_alpha)
         if not self.policy.borrow_enabled or not self.toggle.overlap_gpus():
             return
-        budget = self.budget()
-        n_now = self.slots(budget)
+        n_now = self.slots(self.budget())
         overlap = self.toggle.overlap_gpus()
         n_with = n_now + len(overlap) // self.cfg.cluster.tp_size
-        decider = self.decider()
-        m_now, m_with = decider.fresh_makespan(n_now), decider.fresh_makespan(n_with)
-        remaining = remaining_s(self.outlook())
-        window = ev.expected_idle_s if ev.expected_idle_s is not None else remaining
+        step = borrow_step(self.outlook(), n_now, n_with, ev.expected_idle_s)
         self.trainer = replace(self.trainer, idle_window_s=ev.expected_idle_s)
-        gate: GateDecision = borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
-                                         self.costs, self.policy)
+        gate = step.gate
         self.gate_log.append({"t": self.clock.now(), "kind": "borrow", "step": ev.step, **gate.to_dict()})
         if not gate.admit:
             self._log("borrow_declined", step=ev.step, gate=gate.to_dict())
@@ -677,7 +662,17 @@ class ElasticScheduler:
 
     # ------------------------------------------------------------------ history
     def _log(self, kind: str, **data: Any) -> None:
-        self.history.append({"t": self.clock.now(), "kind": kind, **data})
+        entry = {"t": self.clock.now(), "kind": kind, **data}
+        self.history.append(entry)
+        for fut in self._watchers.pop(kind, ()):
+            if not fut.done():
+                fut.set_result(entry)
+
+    def watch(self, kind: str) -> asyncio.Future[dict[str, Any]]:
+        """A future of the next ``history`` entry of ``kind`` (``"shrink"``, ``"replan"`` ...)."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._watchers.setdefault(kind, []).append(fut)
+        return fut
 
     async def close(self) -> None:
         await self.stop()
