@@ -163,7 +163,8 @@ class Route:
 class Router:
     """Dispatchable workers and their loads; least-loaded choice with conversation affinity."""
 
-    def __init__(self, affinity_slack: int = 4, cost_aware: bool = False) -> None:
+    def __init__(self, affinity_slack: int = 4, cost_aware: bool = False,
+                 pair_node: Callable[[str], str] | None = None) -> None:
         self.affinity_slack = affinity_slack
         #: colocated turns may leave their cache-holding worker when the turn's own latency gains
         #: (``pearl.core.affinity``; the pipeline passes the rule to ``acquire``)
@@ -176,8 +177,8 @@ class Router:
         self.load: dict[str, int] = {}
         self._changed = asyncio.Event()
         self.paused = False
-        #: worker -> node; set when prefill and decode of a pair must share a node (module docstring)
-        self.pair_node: Callable[[str], str] | None = None
+        #: worker -> node; given when prefill and decode of a pair must share a node (module docstring)
+        self.pair_node = pair_node
         self._warned_unpaired = False
 
     @property

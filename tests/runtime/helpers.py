@@ -22,7 +22,7 @@ def config(name: str = "qwen3-8b-h200", **overrides: object) -> RunConfig:
 
 
 def engine(clock: Clock, cfg: RunConfig | None = None) -> EmulatedEngine:
-    return EmulatedEngine.from_config(cfg or config(), clock)
+    return EmulatedEngine.from_config(cfg or config(), clock, iteration_log=[])
 
 
 @dataclass
