@@ -139,7 +139,7 @@ def event_driver(seed: int) -> Any:
         import random
         import time as _time
 
-        from pearl.admin.app import ApiError
+        from pearl.admin.http import ApiError
         from pearl.core.events import EventKind
 
         k = app.control.door.count(EventKind.GPUS_GRANTED)

@@ -70,8 +70,9 @@ from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
 from pearl.runtime.journal import Journal, JournaledEngine, JournalHooks, RecoveredRun, restart_state
 from pearl.runtime.journal import attach as attach_journal
-from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume
 from pearl.runtime.rebuilder import ClusterRebuilder
+from pearl.runtime.router import Router
 from pearl.runtime.toggle import ToggleManager
 from pearl.runtime.tracker import RuntimeTracker
 from pearl.train.snapshot import WeightRegistry

@@ -1,8 +1,10 @@
 """Elastic Scheduler (paper Sec. 4.1.2): one event queue -> decide -> plan -> execute.
 
-Every elastic event (admin API, trace replayer, trainer, tracker) enters ``submit``; one owner
-task (``run``) handles them in arrival order, so decisions never interleave. Each handler is
-observe -> decide -> act:
+Every elastic event (the door's outside events, trainer, tracker) enters ``submit``; one owner
+task (``run``) handles them one at a time, so decisions never interleave: urgent events (a due
+shrink) first, the rest in arrival order. Each handler is observe -> decide -> act: it gathers a
+frozen ``PoolOutlook`` (``outlook()``), calls one pure function of ``pearl.core.elastic_step``
+(``replan_step``, ``expansion_step``, ``borrow_step``) and applies what it returns:
 
 ================  ==============================================================================
 event             handling
@@ -16,13 +18,11 @@ GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_pre
                   changes), then admit every member at once
 (worker failed)   internal, from the pipeline: remove the worker from the state, re-plan (a free
                   reserved GPU gets a new worker through a background expansion)
-ReclaimNotice     urgent: a timer starts the shrink at ``deadline - shrink_margin_s`` (at once if
-                  that has passed); the shrink runs *outside* the queue so a long handler cannot
-                  delay it; then a re-plan of the survivors is queued. Notices are keyed by their
-                  ``ReclaimKey``: a notice for a key already armed tightens it (the earliest
-                  deadline wins: the timer is re-armed earlier, never later). A finished shrink
-                  takes its GPUs out of every other notice (a notice left with none is dropped
-                  with its timer), so no timer outlives the grant it was armed for
+ReclaimNotice     arm or tighten its notice (``pearl.runtime.notices``: keyed by ``ReclaimKey``, the
+                  earliest deadline wins); its timer queues the shrink at ``deadline -
+                  shrink_margin_s`` (at once if that has passed) as an urgent event
+(shrink due)      internal, urgent: the Rebuilder's shrink, then a re-plan of the survivors; the
+                  shrunk GPUs leave every other notice (no timer outlives its grant)
 NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
 TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); the submitter's
                   ``wait`` resolves as soon as the GPUs are back; then survivors are re-planned
@@ -34,13 +34,9 @@ ProfileRefit      re-plan with the refit profiles (the decision engine's hystere
                   switch gate) and reconsider declined preemptible GPUs
 ================  ==============================================================================
 
-Re-plan (``replan``): the rollout budget is every GPU rollout may use now (GPUs of existing
-workers, free reserved GPUs, lent overlap GPUs; not preemptible GPUs that were declined or are
-still preparing); ``Decider.decide`` picks the target (``decide(n_slots, B, hw, wl, policy,
-current)`` with the policy's overrides, ``pearl.core.override``); a switch that cannot pay back
-before the budget is known to shrink is held (``outlook.hold_switch``: the current allocation,
-projected onto the budget, stays); ``plan`` gives the minimal-change steps; the executor runs
-them; ADD steps become a background expansion group. ``replan`` returns a ``ReplanOutcome``.
+Re-plan (``replan``): ``elastic_step.replan_step`` decides the target once (decide, overrides,
+switch hold) and plans it on the rollout budget; the executor runs the plan; ADD steps become a
+background expansion group. ``replan`` returns a ``ReplanOutcome``.
 
 Forecasts (the batch forecast recorded at each batch start, the running batch's remaining time,
 how long the budget holds) are pure functions of a frozen ``PoolOutlook`` (``outlook()``: the
@@ -48,8 +44,9 @@ decision in force, lent GPUs, reclaim notices, expansions in preparation, measur
 ``pearl.core.outlook``.
 
 Idempotency is the door's (``pearl.runtime.door``): the scheduler handles every event it is
-given, so a client's id can never suppress one of the runtime's own. Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
-Reconfigurations are counted by kind in ``reconfigurations``.
+given, so a client's id can never suppress one of the runtime's own. Every handled event,
+decision and plan is appended to ``history`` (bounded), newest last (``watch(kind)``: a future of
+the next entry of a kind); reconfigurations are counted by kind in ``reconfigurations``.
 
 Public names: ``ElasticScheduler``, ``ReplanOutcome``.
 """
@@ -58,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -100,8 +96,9 @@ from pearl.core.override import Decider
 from pearl.core.planner import Plan, PlanError, StepKind, free_groups
 from pearl.core.state import Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import Clock
-from pearl.runtime.control import SubmitResult, UnknownResourceError
+from pearl.runtime.control import SubmitResult
 from pearl.runtime.executor import ExecutionReport, PlanExecutor
+from pearl.runtime.notices import ArmedNotice, NoticeBook
 from pearl.runtime.pipeline import PipelineScheduler
 from pearl.runtime.rebuilder import ClusterRebuilder, ExpansionGroup, GroupStatus
 from pearl.runtime.toggle import ToggleManager
@@ -130,7 +127,7 @@ class _ShrinkDue:
     """Internal event, put by a notice's timer: the shrink of ``notice`` is due (urgent: handled
     before every event queued that is not urgent)."""
 
-    notice: _Notice
+    notice: ArmedNotice
     event_id: str = ""
 
 
@@ -141,16 +138,6 @@ class _WorkerFailed:
     worker_id: str
     reason: str
     event_id: str = ""
-
-
-@dataclass
-class _Notice:
-    key: ReclaimKey
-    notice_id: str
-    gpus: tuple[str, ...]
-    deadline: float
-    timer: asyncio.Task[None] | None = None
-    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +204,6 @@ class ElasticScheduler:
         #: batch's start (``outlook.remaining_s``)
         self._speeds: list[tuple[float, float]] = []
         self.granted_at: dict[str, float] = {}
-        self.notices: dict[ReclaimKey, _Notice] = {}
-        self._queued_notices: Counter[ReclaimKey] = Counter()  # submitted, not handled yet
         self.shrinks: list[dict[str, Any]] = []
         self.gate_log: list[dict[str, Any]] = []
         #: (urgency: 0 a due shrink, 1 the rest; arrival; event; its waiter)
@@ -229,6 +214,7 @@ class ElasticScheduler:
         self._pending = 0
         self._idle = asyncio.Event()
         self._timers: set[asyncio.Task[None]] = set()
+        self.book = NoticeBook(clock, shrink_margin_s, self._timers, self._queue_shrink, self._log)
         self._watchers: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
 
     # ------------------------------------------------------------------ life cycle
@@ -273,7 +259,7 @@ class ElasticScheduler:
         eid = event.event_id
         detail = self._validate(event)
         if isinstance(event, ReclaimNotice):
-            self._queued_notices[event.key] += 1
+            self.book.queued[event.key] += 1
         done: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if wait else None
         self._put(event, done)
         if done is not None:
@@ -294,26 +280,8 @@ class ElasticScheduler:
             if dup:
                 raise ValueError(f"gpus: {dup} are already in the cluster; grant new GPU ids")
             return f"{len(ev.gpus)} GPUs granted"
-        if isinstance(ev, ReclaimNotice):
-            if not ev.gpu_ids:
-                raise ValueError("gpu_ids: a reclaim notice must name at least one GPU")
-            for g in ev.gpu_ids:
-                if g not in state.gpus and g not in self.rebuilder.preparing_gpus():
-                    raise UnknownResourceError("GPU", g)
-                if g in state.gpus and state.gpus[g].zone is not Zone.PREEMPTIBLE:
-                    raise ValueError(f"gpu_ids: {g} is a {state.gpus[g].zone.value} GPU; only preemptible "
-                                     "GPUs can be reclaimed")
-            if not math.isfinite(ev.deadline):
-                raise ValueError(f"deadline: {ev.deadline} is not a finite clock time")
-            known = self.notices.get(ev.key)
-            if known is not None and not known.started:
-                due = min(known.deadline, ev.deadline)
-                return f"reclaim {ev.key.label}: shrink due by t={due:.1f} (the earliest deadline given)"
-            return f"shrink of {len(ev.gpu_ids)} GPUs due by t={ev.deadline:.1f}"
-        if isinstance(ev, NoticeCancelled):
-            if ev.key not in self.notices and not self._queued_notices[ev.key]:
-                raise UnknownResourceError("notice", ev.notice_id)
-            return "notice cancellation queued"
+        if isinstance(ev, ReclaimNotice | NoticeCancelled):
+            return self.book.validate(ev, state, self.rebuilder.preparing_gpus())
         return ""
 
     # ------------------------------------------------------------------ dispatch
@@ -321,11 +289,9 @@ class ElasticScheduler:
         if isinstance(ev, GpusGranted):
             await self._on_grant(ev)
         elif isinstance(ev, ReclaimNotice):
-            self._queued_notices[ev.key] -= 1
-            self._queued_notices += Counter()  # drop the zero counts
             self._on_notice(ev)
         elif isinstance(ev, NoticeCancelled):
-            self._on_cancel(ev)
+            self.book.cancel(ev)
         elif isinstance(ev, TrainingStarted):
             await self._on_training_started(ev, done)
         elif isinstance(ev, TrainingFinished):
@@ -469,7 +435,7 @@ class ElasticScheduler:
     def _candidates(self) -> list[tuple[str, ...]]:
         """Free preemptible GPU groups that are neither preparing nor under a reclaim notice."""
         state = self.executor.state
-        busy = self.rebuilder.preparing_gpus() | {g for n in self.notices.values() for g in n.gpus}
+        busy = self.rebuilder.preparing_gpus() | self.book.gpus()
         free = [g for g in state.free_gpus([Zone.PREEMPTIBLE]) if g not in busy]
         return free_groups(state, free, self.cfg.cluster.tp_size)
 
@@ -524,71 +490,37 @@ class ElasticScheduler:
         self.reconfigurations["expansion"] += 1
         self._log("expand_admitted", group=grp.group_id, workers=admitted, wait_s=self.clock.now() - grp.started_at)
 
+    @property
+    def notices(self) -> dict[ReclaimKey, ArmedNotice]:
+        """The armed reclaim notices by key (``NoticeBook``)."""
+        return self.book.notices
+
     def _on_notice(self, ev: ReclaimNotice) -> None:
-        now = self.clock.now()
-        known = self.notices.get(ev.key)
-        if known is not None:  # the same reclaim again: the earliest deadline wins
-            if known.started or ev.deadline >= known.deadline:
-                self._log("reclaim_notice_kept", notice=known.notice_id, deadline=known.deadline,
-                          given=ev.deadline, started=known.started)
-                return
-            if known.timer is not None:
-                known.timer.cancel()
-            known.deadline = ev.deadline
-            start = max(now, ev.deadline - self.shrink_margin_s)
-            self._arm(known, start)
-            self._log("reclaim_notice_tightened", notice=known.notice_id, deadline=ev.deadline, shrink_at=start)
+        if not self.book.note(ev):
             return
-        nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
-        notice = _Notice(ev.key, nid, tuple(ev.gpu_ids), ev.deadline)
-        self.notices[ev.key] = notice
-        for g in ev.gpu_ids:
+        now = self.clock.now()
+        for g in ev.gpu_ids:  # a new reclaim: the lifetime its GPUs had teaches ``T_life``
             t = self.granted_at.pop(g, None)
             if t is not None:
                 self.expected_lifetime_s += LIFETIME_EMA_ALPHA * ((now - t) - self.expected_lifetime_s)
-        start = max(now, ev.deadline - self.shrink_margin_s)
-        self._arm(notice, start)
-        self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
 
-    def _arm(self, notice: _Notice, start: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._due(notice, start), name=f"shrink-{notice.notice_id}")
-        notice.timer = task
-        self._timers.add(task)
-        task.add_done_callback(self._timers.discard)
-
-    async def _due(self, notice: _Notice, start: float) -> None:
-        """The timer of ``notice``: at ``start`` it queues the shrink (urgent) and ends once the
-        shrink and the survivors' re-plan are done."""
-        await self.clock.sleep_until(start)
+    async def _queue_shrink(self, notice: ArmedNotice) -> None:
+        """A notice's timer fired: queue its shrink (urgent); return once it and the survivors'
+        re-plan are done."""
         done = asyncio.get_running_loop().create_future()
         self._put(_ShrinkDue(notice), done, urgent=True)
         await done
 
     async def _on_shrink_due(self, ev: _ShrinkDue) -> None:
         notice = ev.notice
-        if notice.started or self.notices.get(notice.key) is not notice:
-            return  # cancelled, dropped with its GPUs, or shrunk by an earlier timer of the same reclaim
-        notice.started = True
+        if not self.book.take(notice):
+            return
         rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
-        del self.notices[notice.key]
-        self._forget_gpus(set(notice.gpus))
+        self.book.finish(notice)
         self.reconfigurations["shrink"] += 1
         self.shrinks.append(rep.to_dict())
         self._log("shrink", notice=notice.notice_id, **rep.to_dict())
         await self.replan(f"re-plan survivors after reclaim {notice.notice_id}")
-
-    def _forget_gpus(self, gone: set[str]) -> None:
-        """GPUs that left the table leave every other notice; a notice left with none is dropped
-        with its timer (a timer belongs to the grant it was armed for, never to a re-grant)."""
-        for key, n in list(self.notices.items()):
-            if n.started or not gone.intersection(n.gpus):
-                continue
-            n.gpus = tuple(g for g in n.gpus if g not in gone)
-            if not n.gpus:
-                if n.timer is not None:
-                    n.timer.cancel()
-                del self.notices[key]
-                self._log("notice_dropped", notice=n.notice_id, reason="its GPUs were reclaimed")
 
     def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:
         """A failed expansion leaves the planned topology short (e.g. a replacement prefill worker
@@ -617,16 +549,6 @@ class ElasticScheduler:
         self.reconfigurations["worker_failed"] += 1
         self._log("worker_failed", worker=ev.worker_id, reason=ev.reason[:300])
         await self.replan(f"worker {ev.worker_id} failed: replace it")
-
-    def _on_cancel(self, ev: NoticeCancelled) -> None:
-        notice = self.notices.get(ev.key)
-        if notice is None or notice.started:
-            self._log("notice_cancel_ignored", notice=ev.notice_id, reason="shrink already done")
-            return
-        if notice.timer is not None:
-            notice.timer.cancel()
-        del self.notices[ev.key]
-        self._log("notice_cancelled", notice=ev.notice_id)
 
     # ------------------------------------------------------------------ intra-scale
     async def _on_training_started(self, ev: TrainingStarted, done: asyncio.Future[None] | None) -> None:
@@ -676,9 +598,7 @@ class ElasticScheduler:
 
     async def close(self) -> None:
         await self.stop()
-        for n in list(self.notices.values()):
-            if n.timer is not None:
-                n.timer.cancel()
+        self.book.close()
         with contextlib.suppress(Exception):
             await self.rebuilder.close()
 

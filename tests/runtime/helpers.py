@@ -13,7 +13,8 @@ from pearl.engines.base import ServerSpec
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import Clock
 from pearl.runtime.executor import PlanExecutor
-from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler
+from pearl.runtime.router import Router
 from pearl.runtime.tracker import RuntimeTracker
 
 
