@@ -130,6 +130,7 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     starts and finishes). Real engines need real environments and the real trainer: ``pearl run``.
     With a ``journal`` (``pearl.runtime.journal``) completed trajectories, partial outputs of aborted
     requests and the GPU table are durable, and a restart on the same journal resumes from them.
+    ``pd_pair_node``: worker -> node when prefill and decode of a pair must share a node (``Router``).
     """
     if cfg.engine.kind != "emulated":
         raise ValueError(f"build_controller builds emulated runs (engine.kind={cfg.engine.kind!r}); "

@@ -13,7 +13,7 @@ grows mid-batch (a grant, returned training GPUs) otherwise stays nearly idle un
 batch. ``Router.moves`` counts the turns moved by each rule. When nothing is dispatchable a turn
 waits for the next topology change.
 Same-node pairs: engines that cannot split a PD pair across nodes (the emulated engine, SGLang in
-this build: they answer ``KVTransferError``) set ``Router.pair_node`` (worker -> node); a pair is
+this build: they answer ``KVTransferError``) give the router ``pair_node`` (worker -> node); a pair is
 then the least-loaded prefill (with affinity) and the least-loaded decode *on its node*, else the
 next prefill by load whose node has a decode; with no same-node pair a PD turn waits for a topology
 change (logged once per change), as when nothing is dispatchable.
