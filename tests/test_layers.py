@@ -10,6 +10,9 @@ or one of two groups of ``pearl``'s own modules: ``base`` (``pearl/__init__.py``
 Rules: every edge points to a lower layer (``LAYERS``), hence no cycle; ``pearl/core`` imports
 nothing of ours outside itself, not even for types. ``python tests/test_layers.py`` prints the
 graph (edges, cycles, type-only edges).
+
+Wiring: no module of ``pearl`` hands an object a collaborator after constructing it
+(``wiring_assignments``: the precise rule in its docstring; the exceptions in ``WIRING_ALLOWED``).
 """
 
 from __future__ import annotations
