@@ -15,7 +15,9 @@ behind ``engine.device_map``), the trainer ranks are agent children (``AgentTrai
 environments come from the config's ``env`` section and the training loop is ``pearl run``'s
 (``pearl.runtime.train_loop``). ``--steps N`` ends the run after N updates (exit 0).
 ``--preflight`` checks this host for what the config needs (GPUs, SGLang, Docker, weights) and
-exits 2 naming what is missing (``make swebench-*`` runs it before torchrun).
+exits 2 naming what is missing (``make swebench-*`` runs it before torchrun). A start-up failure
+of the service (``output_dir`` in use or unusable, a corrupt journal, no weights) prints one line,
+``pearl/main.py: rank <r>: error: <what failed and what to do>``, and exits 2.
 
 Start-up (the torchrun environment: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``; two plain processes with these variables work the same)::
@@ -387,10 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     secrets_ = [s for s in (cfg.admin.token, os.environ.get("PEARL_ADMIN_TOKEN")) if s]
     setup_logging(args.log_level, json_lines=args.log_json or cfg.admin.log_json, secrets=secrets_)
     store = init_group(env)
+    from pearl.run import RunError
+    from pearl.runtime.train_loop import ResumeError
+    from pearl.serve import StartupError
+
     try:
         import uvloop
 
         rc = uvloop.run(run_rank(cfg, env, store, args))
+    except (StartupError, RunError, ResumeError) as e:  # cannot be set up: folder in use, corrupt journal, ...
+        print(f"pearl/main.py: rank {env.rank}: error: {e}", file=sys.stderr)
+        rc = 2
     finally:
         _finish_group(env)
     log.info("rank %d: exit %d", env.rank, rc)

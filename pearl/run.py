@@ -57,7 +57,7 @@ from pearl.config import ConfigError, RunConfig, load_config
 from pearl.dtypes import host_device, read_cpu_features, resolve_run_dtypes
 from pearl.obs.story import RunStory, batch_stats, with_heartbeat
 from pearl.obs.story_plot import plot_run
-from pearl.runtime.train_loop import StepRecord, lends_training_gpus, train_loop
+from pearl.runtime.train_loop import StepRecord, train_loop
 
 log = logging.getLogger("pearl.run")
 
@@ -196,12 +196,9 @@ def _with_costs(group: dict[str, Any]) -> dict[str, Any]:
 
 async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice_s: float) -> dict[str, Any]:
     """The end-to-end run; returns the summary (also written to ``out_dir/summary.json``)."""
-    from envs.factory import build_suite, load_tokenizer, make_session_factory
     from pearl.engines.devicemap import DeviceMappedEngine
     from pearl.obs.observer import RunObserver
-    from pearl.runtime.controller import Controller
-    from pearl.train.client import TrainerClient
-    from pearl.train.snapshot import WeightRegistry
+    from pearl.serve import build_real_runtime
 
     times = RunTimes()
     if cfg.engine.kind == "emulated":
@@ -216,21 +213,11 @@ async def run_demo(cfg: RunConfig, out_dir: Path, steps: int, live: bool, notice
     print(f"[pearl run] model {cfg.model.name} ({model_path}), env {cfg.env.kind}, batch "
           f"{cfg.workload.batch_size} ({cfg.workload.batch_size // cfg.workload.group_size} groups x "
           f"{cfg.workload.group_size}), {steps} training steps", flush=True)
-    tokenizer = load_tokenizer(model_path)
-    suite = await build_suite(cfg.env)
-    factory = make_session_factory(suite, tokenizer, cfg)
-    registry = WeightRegistry()
     engine = DeviceMappedEngine(make_engine(cfg, out_dir / "servers"), cfg.engine.device_map)
-    controller = Controller(cfg, engine, factory, None, initial_weights=(0, str(model_path)), registry=registry,
-                            expected_lifetime_s=600.0)
-
-    async def on_event(ev: Any) -> None:  # the trainer announces its steps to the toggle manager
-        await controller.notify(ev)
-
     # The trainer ranks split every core of this host between them; on a CPU host the servers run at
     # ``engine.nice`` so a training step (on the critical path) is not slowed by the rollout it overlaps.
-    trainer = TrainerClient(model_path, out_dir / "trainer", cfg.train, cfg.policy.max_staleness, on_event,
-                            release_when_idle=lends_training_gpus(cfg))
+    rt = await build_real_runtime(cfg, engine, model_path, out_dir, expected_lifetime_s=600.0)
+    controller, trainer, registry = rt.controller, rt.trainer, rt.registry
     times.setup_s = time.monotonic() - times.t0
     story = RunStory(say=lambda line: print(line, flush=True), plain=not live, total_steps=steps,
                      training_gpus=cfg.cluster.training_gpus)

@@ -55,6 +55,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ from pearl.runtime.train_loop import ResumeError, StepRecord, lends_training_gpu
 from pearl.sim.emulated_trainer import EmulatedTrainer
 from pearl.sim.sessions import SyntheticSessionFactory
 from pearl.tasks import cancel_and_wait
-from pearl.train.snapshot import SnapshotRef
+from pearl.train.snapshot import SnapshotRef, WeightRegistry
 
 log = logging.getLogger("pearl.serve")
 
@@ -120,7 +121,8 @@ def release_output_dir(fd: int) -> None:
 def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
                      initial_state: ClusterState | None = None,
                      on_batch: Callable[[list[TrajectoryRecord], int], None] | None = None,
-                     journal: Journal | None = None) -> tuple[Controller, EmulatedTrainer]:
+                     journal: Journal | None = None,
+                     pd_pair_node: Callable[[str], str] | None = None) -> tuple[Controller, EmulatedTrainer]:
     """The real controller over ``engine`` with its agent sessions and trainer.
 
     Emulated engine: synthetic SWE-like sessions (``pearl.sim.sessions``) and the emulated trainer
@@ -128,6 +130,7 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     starts and finishes). Real engines need real environments and the real trainer: ``pearl run``.
     With a ``journal`` (``pearl.runtime.journal``) completed trajectories, partial outputs of aborted
     requests and the GPU table are durable, and a restart on the same journal resumes from them.
+    ``pd_pair_node``: worker -> node when prefill and decode of a pair must share a node (``Router``).
     """
     if cfg.engine.kind != "emulated":
         raise ValueError(f"build_controller builds emulated runs (engine.kind={cfg.engine.kind!r}); "
@@ -138,8 +141,8 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     version = journal.trained_batches(cfg.workload.batch_size) if journal is not None else 0
     controller = Controller(cfg, engine, sessions, clock=clock, initial_state=initial_state, journal=journal,
                             initial_weights=(version, f"emulated://v{version}") if version else None,
-                            clock_epoch=clock_epoch(asyncio.get_running_loop()))
-    controller.train_steps = version
+                            clock_epoch=clock_epoch(asyncio.get_running_loop()), train_steps=version,
+                            pd_pair_node=pd_pair_node)
 
     async def take_batch() -> list[TrajectoryRecord]:
         records = await controller.take_batch()
@@ -152,14 +155,15 @@ def build_controller(cfg: RunConfig, clock: Clock, engine: InferenceEngine,
     return controller, trainer
 
 
-def make_local_engine(cfg: RunConfig, clock: Clock, run_dir: Path) -> InferenceEngine:
+def make_local_engine(cfg: RunConfig, clock: Clock, run_dir: Path, controlled: bool = False) -> InferenceEngine:
     """The engine whose servers this node runs: emulated, or the real engine of ``engine.kind``
     (vLLM on CPU or GPU hosts, SGLang on GPU hosts; ``pearl.run.make_engine``) behind the config's
-    ``engine.device_map`` (logical GPU id -> this node's device)."""
+    ``engine.device_map`` (logical GPU id -> this node's device). ``controlled``: the controller of
+    this process drives it (the emulator then logs its iterations for the controller's refits)."""
     if cfg.engine.kind == "emulated":
         from pearl.engines.emulated import EmulatedEngine
 
-        return EmulatedEngine.from_config(cfg, clock)
+        return EmulatedEngine.from_config(cfg, clock, iteration_log=[] if controlled else None)
     from pearl.engines.devicemap import DeviceMappedEngine
     from pearl.run import make_engine
 
@@ -177,6 +181,50 @@ def local_trainer(cfg: RunConfig, run_dir: Path) -> TrainerFactory:
                              release_when_idle=lends_training_gpus(cfg))
 
     return make
+
+
+@dataclass(frozen=True, slots=True)
+class RealRuntime:
+    """What ``build_real_runtime`` wires: the ``controller``, the ``trainer`` (a ``TrainerClient``
+    unless a factory was given), the weight ``registry`` and the checkpoint ``resumed_from`` (None:
+    the base model)."""
+
+    controller: Controller
+    trainer: Any
+    registry: WeightRegistry
+    resumed_from: SnapshotRef | None
+
+
+async def build_real_runtime(cfg: RunConfig, engine: InferenceEngine, model_path: Path, run_dir: Path, *,
+                             clock: Clock | None = None, journal: Journal | None = None,
+                             initial_state: ClusterState | None = None, resume: bool = False,
+                             trainer_factory: TrainerFactory | None = None, expected_lifetime_s: float = 1800.0,
+                             pd_pair_node: Callable[[str], str] | None = None) -> RealRuntime:
+    """The real-engine runtime of ``pearl run`` and ``pearl serve``: the environment suite and its
+    agent sessions, the controller over ``engine`` and the trainer ranks (``trainer_factory``,
+    default ``local_trainer``), every collaborator handed to its constructor.
+
+    ``resume``: continue from the trainer's last checkpoint under ``run_dir/trainer`` when there is
+    one (the workers start on its snapshot, the registry holds it and the step count continues);
+    ``cfg.model.path`` is ``model_path`` (resolved by the caller)."""
+    from envs.factory import build_suite, load_tokenizer, make_session_factory
+
+    suite = await build_suite(cfg.env)
+    factory = make_session_factory(suite, load_tokenizer(model_path), cfg)
+    resumed = resume_point(run_dir / "trainer") if resume else None
+    registry = WeightRegistry((resumed,) if resumed is not None else ())
+    initial = (resumed.version, resumed.path) if resumed is not None else (0, str(model_path))
+    controller = Controller(cfg, engine, factory, None, clock=clock, initial_state=initial_state,
+                            initial_weights=initial, registry=registry, journal=journal,
+                            expected_lifetime_s=expected_lifetime_s,
+                            clock_epoch=clock_epoch(asyncio.get_running_loop()),
+                            train_steps=initial[0], pd_pair_node=pd_pair_node)
+
+    async def on_event(ev: Any) -> None:  # TrainingStarted / Finished -> toggle manager (awaited)
+        await controller.notify(ev)
+
+    make = trainer_factory or local_trainer(cfg, run_dir)
+    return RealRuntime(controller, make(model_path, controller, on_event, resumed is not None), registry, resumed)
 
 
 class Service:
@@ -224,7 +272,7 @@ class Service:
         if self._engine_factory is not None:
             self.engine = self._engine_factory(self._node_of)
         else:
-            self.engine = make_local_engine(self.cfg, self.clock, self.run_dir)
+            self.engine = make_local_engine(self.cfg, self.clock, self.run_dir, controlled=True)
         assert self.engine is not None
         if self.journal_path is not None:
             resumed = self.journal_path.exists()
@@ -238,9 +286,8 @@ class Service:
             registry = await self._build_real()
         else:
             self.controller, self.trainer = build_controller(self.cfg, self.clock, self.engine, self.initial_state,
-                                                             self._on_batch, self.journal)
+                                                             self._on_batch, self.journal, self._pd_pair_node)
         assert self.controller is not None
-        self.controller.pipeline.router.pair_node = self._pd_pair_node
         # the admin server is built first: a bad listen address must fail before any work starts
         owner = "the GRPO trainer (pearl.train)" if self.real else "the emulated trainer (pearl.sim.emulated_trainer)"
         policy = EventPolicy(training_owner=owner, max_preemptible_gpus=self.cfg.cluster.max_preemptible_gpus)
@@ -268,38 +315,22 @@ class Service:
         self.observer.start()
 
     async def _build_real(self) -> Any:
-        """Controller and trainer of a real-engine run (as ``pearl run``); returns the weight registry."""
-        from envs.factory import build_suite, load_tokenizer, make_session_factory
+        """Controller and trainer of a real-engine run (``build_real_runtime``); returns the weight registry."""
         from pearl.run import _resolve_model_path  # builds the local demo models when missing
-        from pearl.train.snapshot import WeightRegistry
 
         assert self.engine is not None
         model_path = _resolve_model_path(self.cfg)
         self.cfg = self.cfg.model_copy(update={"model": self.cfg.model.model_copy(update={"path": str(model_path)})})
-        suite = await build_suite(self.cfg.env)
-        factory = make_session_factory(suite, load_tokenizer(model_path), self.cfg)
-        # a restart on the same output_dir (journal kept) continues from the trainer's last checkpoint:
-        # the workers start on its snapshot and the registry holds it (pearl.runtime.train_loop)
-        resume = resume_point(self.run_dir / "trainer") if self.journal_path is not None else None
-        self.resumed_from = resume
-        registry = WeightRegistry((resume,) if resume is not None else ())
-        initial = (resume.version, resume.path) if resume is not None else (0, str(model_path))
-        controller = Controller(self.cfg, self.engine, factory, None, clock=self.clock,
-                                initial_state=self.initial_state, initial_weights=initial,
-                                registry=registry, journal=self.journal,
-                                clock_epoch=clock_epoch(asyncio.get_running_loop()))
-        controller.train_steps = initial[0]  # a resumed run's step and version metrics start where they were
-        self.controller = controller
-
-        async def on_event(ev: Any) -> None:  # TrainingStarted / Finished -> toggle manager (awaited)
-            await controller.notify(ev)
-
-        make = self._trainer_factory or local_trainer(self.cfg, self.run_dir)
-        self.trainer = make(model_path, controller, on_event, resume is not None)
+        rt = await build_real_runtime(self.cfg, self.engine, model_path, self.run_dir, clock=self.clock,
+                                      journal=self.journal, initial_state=self.initial_state,
+                                      resume=self.journal_path is not None, trainer_factory=self._trainer_factory,
+                                      pd_pair_node=self._pd_pair_node)
+        self.controller, self.trainer, self.resumed_from = rt.controller, rt.trainer, rt.resumed_from
         log.info("real-engine run: model %s (%s), env %s, batch %d, %s training steps%s", self.cfg.model.name,
                  model_path, self.cfg.env.kind, self.cfg.workload.batch_size, self.steps or "unlimited",
-                 f", resuming at policy v{resume.version} ({resume.path})" if resume is not None else "")
-        return registry
+                 f", resuming at policy v{rt.resumed_from.version} ({rt.resumed_from.path})"
+                 if rt.resumed_from is not None else "")
+        return rt.registry
 
     def _start_cloud_watch(self, node: str) -> Any:
         from pearl.runtime.node.cloud_watch import CloudSignal, CloudWatch, build_sources

@@ -10,6 +10,9 @@ or one of two groups of ``pearl``'s own modules: ``base`` (``pearl/__init__.py``
 Rules: every edge points to a lower layer (``LAYERS``), hence no cycle; ``pearl/core`` imports
 nothing of ours outside itself, not even for types. ``python tests/test_layers.py`` prints the
 graph (edges, cycles, type-only edges).
+
+Wiring: no module of ``pearl`` hands an object a collaborator after constructing it
+(``wiring_assignments``: the precise rule in its docstring; the exceptions in ``WIRING_ALLOWED``).
 """
 
 from __future__ import annotations
@@ -214,6 +217,173 @@ def test_the_scan_finds_a_cycle_through_a_function_body_and_skips_type_checking(
         ("train", "runtime", "pearl/train/t.py:2", False),
     ]
     assert cycles([e for e in es if not e.type_only]) == [["runtime", "train"]]
+
+
+# ---------------------------------------------------------------------- wiring through constructors
+#: Post-construction assignments that stay, each with its reason (path, target as written).
+WIRING_ALLOWED: Mapping[tuple[str, str], str] = {
+    ("pearl/models.py", "dst.config.dtype"): "a Hugging Face model's config (torch weights, not a collaborator)",
+    ("pearl/models.py", "model.config.dtype"): "a Hugging Face model's config (torch weights, not a collaborator)",
+    ("pearl/models.py", "dst.lm_head.weight"): "tied Hugging Face weights (a tensor, not a collaborator)",
+    ("pearl/engines/vllm_worker_ext.py", "bindings.nixlAgent"): "paces the NIXL agent that vLLM's own KV connector "
+    "constructs inside the worker process: no constructor of ours to pass it to",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    where: str  # path:line
+    target: str
+    rule: str
+
+
+def _chain(t: ast.Attribute) -> tuple[str | None, int]:
+    """The root name of ``a.b.c`` (None when it is no plain name) and its attribute hops (2)."""
+    hops, node = 0, t
+    while isinstance(node, ast.Attribute):
+        hops, node = hops + 1, node.value
+    return (node.id if isinstance(node, ast.Name) else None), hops
+
+
+def _scopes(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None]]:
+    """Every node with its innermost enclosing function (None at module and class level)."""
+    def walk(node: ast.AST, fn: ast.AST | None) -> Iterator[tuple[ast.AST, ast.AST | None]]:
+        for child in ast.iter_child_nodes(node):
+            yield child, fn
+            inner = child if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else fn
+            yield from walk(child, inner)
+    yield from walk(tree, None)
+
+
+def _component_classes(root: Path) -> set[str]:
+    """Public classes of ``pearl`` with behaviour: not a dataclass, NamedTuple, pydantic model, enum,
+    Protocol or exception (records: filling their fields is a data update), nor a module's private
+    ``_Name`` (that module's own state, e.g. the emulator's ``_Worker``)."""
+    records = {"NamedTuple", "BaseModel", "TypedDict", "Enum", "StrEnum", "IntEnum", "Protocol", "Exception"}
+    out = set()
+    for path in (root / "pearl").rglob("*.py"):
+        for c in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(c, ast.ClassDef):
+                continue
+            bases = {ast.unparse(b).split(".")[-1].split("[")[0] for b in c.bases}
+            if (c.name.startswith("_") or any("dataclass" in ast.unparse(d) for d in c.decorator_list) or bases & records
+                    or any(b.endswith(("Error", "Exception")) for b in bases)):
+                continue
+            out.add(c.name)
+    return out
+
+
+def wiring_assignments(root: Path) -> list[Wiring]:
+    """Assignments that hand an object a collaborator, or change one, after it was constructed.
+
+    A target ``x.attr`` (``=``, ``+=``, annotated) is one when ``x`` is not the bare ``self`` /
+    ``cls`` (an object's own fields are its business) and any of:
+
+    * ``function``: the value is a function: a ``lambda``, the name of a ``def`` of the module, or
+      ``y.m`` for a method ``m`` of a class of the module (a bound method: a callback);
+    * ``reach``: the target reaches through another object: ``a.b.c`` (``a`` not ``self``) or
+      ``self.a.b.c``, three hops (``self.stats.turns`` is the object's own record; ``ctrl.elastic.policy``
+      changes a collaborator's collaborator);
+    * ``after-construction``: ``x`` was bound in the same function to a call of a public component
+      class of ``pearl`` (``c = Controller(...); c.train_steps = 3``): the constructor takes it;
+    * ``constructor-argument``: inside an ``__init__``, ``x`` is one of its parameters (a constructor
+      that wires what it was given: ``engine.iteration_log = self._iterations``).
+
+    Records (dataclasses, NamedTuples, pydantic models, exceptions) are data: filling their fields
+    is none of the above unless it reaches through another object.
+    """
+    components = _component_classes(root)
+    out: list[Wiring] = []
+    for path in sorted((root / "pearl").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        tree = ast.parse(path.read_text())
+        defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        methods = {m.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                   for m in c.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
+        built: dict[int, set[str]] = defaultdict(set)  # function -> names bound to a component's constructor
+        for n, fn in _scopes(tree):
+            if (fn is not None and isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                    and isinstance(n.value.func, ast.Name) and n.value.func.id in components):
+                built[id(fn)].update(t.id for t in n.targets if isinstance(t, ast.Name))
+        for n, fn in _scopes(tree):
+            if isinstance(n, ast.Assign):
+                targets, value = n.targets, n.value
+            elif isinstance(n, ast.AnnAssign | ast.AugAssign) and n.value is not None:
+                targets, value = [n.target], n.value
+            else:
+                continue
+            pairs: list[tuple[ast.expr, ast.expr]] = []
+            for t in targets:
+                if isinstance(t, ast.Tuple) and isinstance(value, ast.Tuple) and len(t.elts) == len(value.elts):
+                    pairs += zip(t.elts, value.elts, strict=True)
+                else:
+                    pairs += [(x, value) for x in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            for t, value in pairs:
+                if not isinstance(t, ast.Attribute):
+                    continue
+                root_name, hops = _chain(t)
+                if hops == 1 and root_name in ("self", "cls"):
+                    continue
+                rule = ""
+                if (isinstance(value, ast.Lambda) or (isinstance(value, ast.Name) and value.id in defs)
+                        or (isinstance(value, ast.Attribute) and value.attr in methods)):
+                    rule = "function"
+                elif hops >= 3 or (hops == 2 and root_name != "self"):
+                    rule = "reach"
+                elif hops == 1 and fn is not None and root_name in built[id(fn)]:
+                    rule = "after-construction"
+                elif (hops == 1 and isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
+                      and root_name in {a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs}):
+                    rule = "constructor-argument"
+                if rule and (rel, ast.unparse(t)) not in WIRING_ALLOWED:
+                    out.append(Wiring(f"{rel}:{n.lineno}", ast.unparse(t), rule))
+    return sorted(out, key=lambda w: w.where)
+
+
+def test_collaborators_are_wired_through_constructors() -> None:
+    found = wiring_assignments(ROOT)
+    detail = "\n".join(f"  {w.where}: {w.target} = ...  ({w.rule})" for w in found)
+    assert not found, f"pass these through the constructor instead of assigning them afterwards:\n{detail}"
+
+
+def test_wiring_allow_list_names_assignments_the_code_has() -> None:
+    for (rel, target), reason in WIRING_ALLOWED.items():
+        assert reason and f"{target} = " in (ROOT / rel).read_text(), f"WIRING_ALLOWED: {rel} {target} is gone"
+
+
+def test_the_wiring_scan_finds_each_kind(tmp_path: Path) -> None:
+    _write(tmp_path, "pearl/a.py", """
+from dataclasses import dataclass
+@dataclass
+class Rec:
+    n: int = 0
+class Engine:
+    def __init__(self, sink=None):
+        self.sink = sink
+    def hook(self): ...
+class Owner:
+    def __init__(self, engine, rec):
+        engine.sink = []                # constructor-argument
+        rec.n = 1                       # constructor-argument (a parameter, even a record)
+        self.engine = engine
+        self.stats = Rec()
+    def wire(self, other):
+        other.cb = self.wire            # function (bound method)
+        other.cb = lambda: 1            # function
+        self.engine.sink.x = 1          # reach
+        other.engine.sink = []          # reach
+        self.stats.n += 1               # own record: fine
+        e = Engine()
+        e.sink = []                     # after-construction
+        r = Rec()
+        r.n = 2                         # a record: fine
+        other.n = 3                     # a plain field: fine
+        e.a, e.b = self.wire, 1         # function, after-construction (a tuple target)
+""")
+    found = [(w.where.split(":")[1], w.rule) for w in wiring_assignments(tmp_path)]
+    assert found == [("12", "constructor-argument"), ("13", "constructor-argument"), ("17", "function"),
+                     ("18", "function"), ("19", "reach"), ("20", "reach"), ("23", "after-construction"),
+                     ("27", "function"), ("27", "after-construction")]
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ event the controller rejects against its current state (``ValueError``, e.g. a g
 already in the table) -> 409 naming the field, controller too slow -> 503).
 
 Before the controller: the HTTP parser's own rejections (a bad header byte, a line over 8 KiB) are
-answered as ``ErrorOut`` 400 with one log line (``_Protocol``); a request head must arrive within
+answered as ``ErrorOut`` 400 with one log line (``pearl.admin.http``); a request head must arrive within
 ``admin.read_timeout_s`` of the connection opening and a body within the same time (408); a body
 broken off is a 400.
 
@@ -36,22 +36,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aiohttp import ClientPayloadError, web
-from aiohttp.abc import AbstractAccessLogger
-from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import StreamResponse
+from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from pearl.access import (
@@ -64,6 +57,15 @@ from pearl.access import (
 )
 from pearl.admin import cloud
 from pearl.admin import schemas as s
+from pearl.admin.http import (
+    ACCESS_LOG_FORMAT,
+    ApiError,
+    PathOnlyAccessLogger,
+    ProtocolRunner,
+    field_errors,
+    json_response,
+    read_model,
+)
 from pearl.admin.metrics import CONTENT_TYPE, AdminMetrics
 from pearl.admin.openapi import IDEMPOTENCY_HEADER, ROUTES, RouteDoc, build_document
 from pearl.config import AdminSpec
@@ -82,18 +84,6 @@ from pearl.runtime.door import Arrival, EventRefused, JournalUnavailable
 
 log = logging.getLogger("pearl.admin")
 
-ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tfs'  # no headers: the Authorization header never reaches a log
-
-
-class PathOnlyAccessLogger(AbstractAccessLogger):
-    """Access log lines with the path but never the query string: a client that puts a token in
-    the URL by mistake must not leak it into the logs (found by pearl/reliability/security.py)."""
-
-    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
-        self.logger.info('%s "%s %s HTTP/%d.%d" %s %s %.6fs', request.remote, request.method, request.path,
-                         request.version.major, request.version.minor, response.status, response.body_length, time)
-
-
 _IDENT = re.compile(s.IDENT_PATTERN)
 
 
@@ -101,88 +91,9 @@ def _ident(text: str) -> bool:
     """An id as the schemas define it (``schemas.IDENT_PATTERN``, at most ``IDENT_MAX`` characters)."""
     return len(text) <= s.IDENT_MAX and _IDENT.match(text) is not None
 
-#: Content types read as JSON. ``curl -d`` sends form-urlencoded and some webhook senders text/plain;
-#: the bearer token (not the content type) is what protects the routes, so these are accepted too.
-_JSON_TYPES = frozenset({"application/json", "text/plain", "application/x-www-form-urlencoded"})
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Live health of the node agents (``pearl/main.py``); None on a single node without agents.
 NodesProvider = Callable[[], Awaitable[list[dict[str, Any]]]]
-
-
-class ApiError(Exception):
-    """A client error the middleware renders as ``ErrorOut``."""
-
-    def __init__(self, status: int, code: str, message: str, fields: list[s.FieldError] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.fields = fields or []
-        self.headers = headers or {}
-
-
-# ---------------------------------------------------------------------------- JSON helpers
-def _clean(x: Any) -> Any:
-    """JSON-safe copy: non-finite floats -> None, tuples -> lists, other objects -> str."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    if x is None or isinstance(x, str | int | bool):
-        return x
-    return str(x)
-
-
-def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    text = json.dumps(_clean(obj), allow_nan=False, separators=(",", ":"))
-    return web.Response(text=text, status=status, content_type="application/json", headers=headers)
-
-
-def _field_errors(err: ValidationError) -> list[s.FieldError]:
-    out = []
-    for e in err.errors(include_url=False):
-        loc = ".".join(str(p) for p in e["loc"]) or "body"
-        out.append(s.FieldError(field=loc, reason=str(e["msg"]).removeprefix("Value error, ")))
-    return out
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-async def _read_model(request: web.Request, model: type[BaseModel], read_timeout_s: float = 30.0) -> BaseModel:
-    ctype = request.content_type if request.headers.get("Content-Type") is not None else "application/json"
-    if ctype not in _JSON_TYPES and not ctype.endswith("+json"):
-        raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {ctype!r}")
-    try:
-        async with asyncio.timeout(read_timeout_s):
-            raw = await request.read()  # aiohttp raises 413 past client_max_size
-    except TimeoutError:
-        raise ApiError(408, "request_timeout", f"the body did not arrive within {read_timeout_s} s "
-                       "(admin.read_timeout_s)") from None
-    except (ClientPayloadError, BadHttpMessage, RequestPayloadError, ConnectionError) as e:  # a broken body
-        if request.headers.get("Content-Encoding", "identity") != "identity":
-            enc = request.headers.get("Content-Encoding", "?")[:20]
-            raise ApiError(400, "bad_encoding", f"the request body is not valid {enc} data "
-                           "(Content-Encoding); send it compressed whole, or uncompressed",
-                           headers={"Connection": "close"}) from None  # the stream is unusable now
-        raise ApiError(400, "incomplete_body", f"the request body ended early: {type(e).__name__}") from None
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as e:
-        reason = "too deeply nested" if isinstance(e, RecursionError) else str(e)[:200]
-        raise ApiError(400, "bad_json", f"body is not valid JSON: {reason}",
-                       [s.FieldError(field="body", reason=reason)]) from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        fields = _field_errors(e)
-        names = ", ".join(f"{f.field}: {f.reason}" for f in fields[:5])
-        raise ApiError(422, "validation", f"invalid {model.__name__}: {names}", fields) from None
 
 
 # ---------------------------------------------------------------------------- the app
@@ -323,7 +234,7 @@ class AdminApp:
         try:
             m = s.GpusGrantedIn.model_validate({"gpus": gpus, "event_id": event_id})
         except ValidationError as e:
-            raise ApiError(422, "validation", str(e), _field_errors(e)) from None
+            raise ApiError(422, "validation", str(e), field_errors(e)) from None
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus), event_id=event_id)
         digest = IdempotencyLedger.digest("/v1/events/gpus-granted", m.model_dump_json(exclude={"event_id"}).encode())
         resp = await self._admit("in-process", Arrival(event_id, digest, ev.kind, lambda: ev))
@@ -440,14 +351,14 @@ class AdminApp:
         return IdempotencyLedger.digest(request.path, m.model_dump_json(exclude={"event_id"}).encode())
 
     async def _grant(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.GpusGrantedIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.GpusGrantedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.GpusGrantedIn)
         ev = GpusGranted(tuple(GrantedGpu(g.gpu_id, g.node, g.instance_id) for g in m.gpus),
                          event_id=self._event_id(key, m.event_id))
         return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
     async def _reclaim(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.ReclaimNoticeIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.ReclaimNoticeIn, self.spec.read_timeout_s)
         assert isinstance(m, s.ReclaimNoticeIn)
         event_id = self._event_id(key, m.event_id)
         now_c, now_w = self._clock_now(), self._wall_now()
@@ -469,25 +380,25 @@ class AdminApp:
         return Arrival(event_id, digest, EventKind.RECLAIM_NOTICE, resolve, m.instance_id)
 
     async def _cancel(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.NoticeCancelledIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.NoticeCancelledIn, self.spec.read_timeout_s)
         assert isinstance(m, s.NoticeCancelledIn)
         ev = NoticeCancelled(m.notice_id, event_id=self._event_id(key, m.event_id))
         return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
     async def _training_started(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.TrainingStartedIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.TrainingStartedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingStartedIn)
         ev = TrainingStarted(m.step, event_id=self._event_id(key, m.event_id))
         return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
     async def _training_finished(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.TrainingFinishedIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.TrainingFinishedIn, self.spec.read_timeout_s)
         assert isinstance(m, s.TrainingFinishedIn)
         ev = TrainingFinished(m.step, m.weight_version, m.expected_idle_s, event_id=self._event_id(key, m.event_id))
         return Arrival(ev.event_id, self._digest(request, m), ev.kind, lambda: ev)
 
     async def _eventbridge(self, request: web.Request, key: str | None) -> Arrival:
-        m = await _read_model(request, s.AwsSpotInterruptionIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.AwsSpotInterruptionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.AwsSpotInterruptionIn)
         return self._cloud_notice(cloud.from_eventbridge(m), key, self._digest(request, m))
 
@@ -497,7 +408,7 @@ class AdminApp:
             reason = "required" if instance_id is None else f"must match {s.IDENT_PATTERN}"
             raise ApiError(422, "validation", f"query parameter instance_id: {reason}",
                            [s.FieldError(field="instance_id", reason=reason)])
-        m = await _read_model(request, s.InstanceActionIn, self.spec.read_timeout_s)
+        m = await read_model(request, s.InstanceActionIn, self.spec.read_timeout_s)
         assert isinstance(m, s.InstanceActionIn)
         digest = IdempotencyLedger.digest(f"{request.path}?{instance_id}", m.model_dump_json().encode())
         return self._cloud_notice(cloud.from_instance_action(m, instance_id), key, digest)
@@ -605,86 +516,6 @@ def build_app(
     return AdminApp(control, spec, token, clock_now, wall_now, monotonic, nodes).build()
 
 
-class _Protocol(RequestHandler):
-    """aiohttp's connection handler with two changes: a request line + headers must arrive within
-    ``head_timeout_s`` of the connection opening (a slow client is disconnected), and a request
-    the HTTP parser rejects (bad header byte, line over 8 KiB, ...) is answered with the API's JSON
-    ``ErrorOut`` and logged as one line without the offending bytes (they may hold the token)."""
-
-    head_timeout_s = 30.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            self.head_timeout_s, self._head_overdue)
-
-    def _head_overdue(self) -> None:
-        self._head_timer = None
-        if self._request_count == 0 and self.transport is not None:
-            log.info("admin API: no request head within %.0f s (admin.read_timeout_s): connection closed",
-                     self.head_timeout_s)
-            self.force_close()
-            self.transport.close()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._request_count and self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        super().connection_lost(exc)
-
-    def log_exception(self, *args: Any, **kw: Any) -> None:
-        """A body the decoder rejects (a corrupt gzip stream) is answered 400 by the handler; here it
-        is one warning line, not a second traceback."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ContentEncodingError):
-            log.warning("admin API: a request body could not be decoded (%s)", type(exc).__name__)
-            return
-        super().log_exception(*args, **kw)
-
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> StreamResponse:
-        if status >= 500:
-            return super().handle_error(request, status, exc, message)
-        reason = type(exc).__name__ if exc is not None else "bad request"
-        log.warning("admin API: %d from %s: the HTTP parser rejected the request (%s)", status, request.remote, reason)
-        if request.writer.output_size > 0:
-            raise ConnectionError("response already started")
-        body = s.ErrorOut(error="bad_request", message=f"malformed HTTP request ({reason})").model_dump()
-        resp = json_response(body, status)
-        resp.force_close()
-        return resp
-
-
-class _Server(web.Server):
-    head_timeout_s = 30.0
-
-    def __call__(self) -> RequestHandler:
-        proto = _Protocol(self, loop=self._loop, **self._kwargs)
-        proto.head_timeout_s = self.head_timeout_s
-        return proto
-
-
-class _Runner(web.AppRunner):
-    """``AppRunner`` whose server makes ``_Protocol`` connection handlers."""
-
-    def __init__(self, app: web.Application, head_timeout_s: float, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._head_timeout_s = head_timeout_s
-
-    async def _make_server(self) -> web.Server:
-        srv = await super()._make_server()
-        srv.__class__ = _Server  # same state, our connection handler
-        assert isinstance(srv, _Server)
-        srv.head_timeout_s = self._head_timeout_s
-        return srv
-
-
 class AdminServer:
     """Serves the admin app on ``host:port`` (port 0: any free port; see ``.port`` after ``start``)."""
 
@@ -712,7 +543,7 @@ class AdminServer:
     async def start(self) -> None:
         if self.token is None:
             log.warning("admin API on %s:%s has no token: open to every local process", self.host, self.port)
-        self._runner = _Runner(self.app, self._read_timeout_s, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
+        self._runner = ProtocolRunner(self.app, self._read_timeout_s, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False,
                                access_log_class=PathOnlyAccessLogger, keepalive_timeout=self._read_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -240,7 +240,11 @@ class EmulatedEngine:
         tp_size: int = 1,
         physics: EmulatorPhysics | None = None,
         trajectory_tokens: int = 0,
+        iteration_log: list[Any] | None = None,
     ) -> None:
+        """``iteration_log``: where each decode span is appended as a ``pearl.core.telemetry.IterationRecord``
+        (its owner drains it: ``pearl.runtime.controller.Controller``); None: not kept."""
+        self.iteration_log = iteration_log
         self.emu = emulator or EmulatorSpec()
         self.physics = physics or EmulatorPhysics()
         self.costs: WorkerCosts | MeasuredCosts = worker_costs(model, hardware, self.emu, tp_size, self.physics)
@@ -277,11 +281,12 @@ class EmulatedEngine:
         self._busy_retired: dict[str, tuple[str, float, float]] = {}
 
     @staticmethod
-    def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None) -> EmulatedEngine:
+    def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None,
+                    iteration_log: list[Any] | None = None) -> EmulatedEngine:
         """The engine of ``cfg`` with ``physics`` (default: every constant the run config's). The
         simulator passes the model's ``configs/emulator`` file (``emulator_physics``)."""
         return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size, physics,
-                              cfg.workload.max_trajectory_tokens)
+                              cfg.workload.max_trajectory_tokens, iteration_log)
 
     @staticmethod
     def emulator_physics(cfg: RunConfig) -> EmulatorPhysics:
@@ -964,10 +969,6 @@ class EmulatedEngine:
             _, _, r = heapq.heappop(w.decoding)
             if r.join_step >= 0:
                 self._finish(w, r, end)
-
-    #: per-iteration telemetry: each decode span as a ``pearl.core.telemetry.IterationRecord`` when
-    #: the owner sets a list here (``RuntimeController``); None: not kept
-    iteration_log: list[Any] | None = None
 
     def _log_span(self, w: _Worker, k: int, start: float, end: float) -> None:
         """Log ``k`` decode iterations of ``w`` at its batch, from the span's first context on."""

@@ -39,7 +39,7 @@ from pearl.config import RunConfig, load_config
 from pearl.core.events import ElasticEvent, GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingStarted
 from pearl.core.state import WorkerStatus, Zone
 from pearl.engines.emulated import EmulatedEngine
-from pearl.reliability.faults import ChaosEngine, finished_normally
+from pearl.reliability.faults import Armed, ChaosEngine, finished_normally
 from pearl.reliability.invariants import InvariantChecker
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.control import UnknownResourceError
@@ -119,8 +119,12 @@ class _Driver:
         self.rng = random.Random(f"pearl-chaos/{seed}")
         self.clock = LoopClock()
         self.inner = EmulatedEngine.from_config(cfg, self.clock)
-        self.engine = ChaosEngine(self.inner)
-        self.ctrl = Controller(cfg, self.engine, SyntheticSessionFactory(cfg.workload, self.clock), clock=self.clock)
+        #: the engine-side faults to inject, armed as the run goes (the engine counts what it injected)
+        self.faults = Armed()
+        self.engine = ChaosEngine(self.inner, self.faults, self._on_call)
+        # every record the predictor will fit on passes the checker first
+        self.ctrl = Controller(cfg, self.engine, SyntheticSessionFactory(cfg.workload, self.clock), clock=self.clock,
+                               telemetry_listeners=(lambda rec: self.checker.telemetry(rec),))
         self.checker = InvariantChecker(self.ctrl, self.engine, cfg.workload.batch_size, self.inner.token_at)
         self.phase_wait_s = phase_wait_s
         self.result = ChaosResult(seed)
@@ -129,15 +133,6 @@ class _Driver:
         self.seq = 0
         self.hook: tuple[str, asyncio.Future[str]] | None = None
         self.armed: dict[str, int] = {}  # engine-side faults armed (injected counts come from the engine)
-        tracker_record = self.ctrl.tracker.record
-
-        def record(rec: Any) -> Any:  # every record the predictor will fit on passes the checker
-            self.checker.telemetry(rec)
-            return tracker_record(rec)
-
-        # instance attribute: the pipeline calls tracker.record (a deliberate wrap, which mypy forbids)
-        self.ctrl.tracker.record = record  # type: ignore[method-assign]
-        self.engine.on_call = self._on_call
 
     # ------------------------------------------------------------------ helpers
     def _eid(self, kind: str) -> str:
@@ -271,7 +266,7 @@ class _Driver:
                 self._spawn(self._make_room_and_grant(), "chaos-grant")
             self._count(kind, await self._wait_hook(kind, _HOOK[kind]))
         elif kind == "launch_failure":
-            self.engine.armed.launch_failure += 1
+            self.faults.launch_failure += 1
             self._spawn(self.grant(2), "chaos-grant")
             self._arm(kind)
         elif kind == "engine_crash":
@@ -283,13 +278,13 @@ class _Driver:
             await self.engine.crash(self.rng.choice(serving))
             self._count(kind)
         elif kind == "kv_transfer_failure":
-            self.engine.armed.kv_transfer += 1
+            self.faults.kv_transfer += 1
             self._arm(kind)
         elif kind == "weight_load_failure":
-            self.engine.armed.weight_load += 1
+            self.faults.weight_load += 1
             self._arm(kind)
         elif kind == "slow_drain":
-            self.engine.armed.slow_drain.append(self.rng.uniform(5.0, 30.0))
+            self.faults.slow_drain.append(self.rng.uniform(5.0, 30.0))
             self._arm(kind)
         elif kind == "admin_storm":
             await self._storm()
@@ -404,8 +399,7 @@ async def _run(cfg: RunConfig, seed: int, events: int, mean_gap_s: float, quiet_
             if progress is not None:
                 progress(i + 1)
         # quiet phase: faults disarmed, the pool refilled; the pipeline must keep completing batches
-        d.engine.armed.launch_failure = d.engine.armed.kv_transfer = d.engine.armed.weight_load = 0
-        d.engine.armed.slow_drain.clear()
+        d.faults.disarm()
         await d.grant(cfg.cluster.max_preemptible_gpus)
         target = ctrl.pipeline.stats.rollout_step + quiet_batches
         t_quiet = clock.now()

@@ -7,8 +7,8 @@ local instance-metadata server on 127.0.0.1 speaking IMDSv2 (``PUT /latest/api/t
 ``spot/instance-action``: 404 until the test publishes a document). Each run grants one GPU of
 instance ``i-<n>``, waits a random part of the poll period (seeded), publishes
 ``{"action": "terminate", "time": <now>}`` (due at once) and measures
-the time from publishing to the controller starting the shrink of that GPU
-(``ClusterRebuilder.shrink`` entered). Expected: about half the poll period on average, one
+the time from publishing to the controller starting the shrink of that GPU (the ``started_at``
+of the Elastic Scheduler's ``shrink`` entry, awaited with ``ElasticScheduler.watch``). Expected: about half the poll period on average, one
 period at most, plus the gate and the controller's queue. Prints one JSON object: every reaction
 in seconds, the median and the maximum.
 """
@@ -20,7 +20,6 @@ import asyncio
 import json
 import random
 import statistics
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,10 @@ class LocalImds:
         self.action: dict[str, str] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+
+    def publish(self, action: dict[str, str]) -> None:
+        """spot/instance-action answers ``action`` from now on (404 before)."""
+        self.action = action
 
     async def start(self) -> None:
         app = web.Application()
@@ -88,19 +91,11 @@ async def measure(runs: int, period_s: float, out_dir: Path, seed: int = 0) -> d
             app, ctrl = svc.admin.admin, svc.controller
             await app.grant_gpus([{"gpu_id": "p0", "node": "node0", "instance_id": imds.instance_id}], f"grant-{n}")
             await ctrl.elastic.idle()
-            started = asyncio.get_running_loop().create_future()
-            shrink = ctrl.rebuilder.shrink
-
-            async def timed(gpus: Any, deadline: float, started: Any = started, shrink: Any = shrink) -> Any:
-                if not started.done():
-                    started.set_result(time.monotonic())
-                return await shrink(gpus, deadline)
-
-            ctrl.rebuilder.shrink = timed  # type: ignore[method-assign,assignment]
+            shrunk = ctrl.elastic.watch("shrink")
             await asyncio.sleep(rng.uniform(0.0, period_s))  # publish at a random phase of the poll cycle
-            t0 = time.monotonic()
-            imds.action = {"action": "terminate", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-            reactions.append(await asyncio.wait_for(started, 60) - t0)
+            t0 = ctrl.clock.now()  # LoopClock: the loop's time.monotonic
+            imds.publish({"action": "terminate", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+            reactions.append(float((await asyncio.wait_for(shrunk, 60))["started_at"]) - t0)
         finally:
             await svc.stop()
             await imds.close()

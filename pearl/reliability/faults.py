@@ -73,20 +73,28 @@ class Armed:
     weight_load: int = 0
     slow_drain: list[float] = field(default_factory=list)
 
+    def disarm(self) -> None:
+        """Nothing armed any more (faults already injected stay injected)."""
+        self.launch_failure = self.kv_transfer = self.weight_load = 0
+        self.slow_drain.clear()
+
 
 class ChaosEngine:
     """An ``InferenceEngine`` that delegates to ``inner`` and injects the armed faults."""
 
-    def __init__(self, inner: InferenceEngine) -> None:
+    def __init__(self, inner: InferenceEngine, armed: Armed | None = None,
+                 on_call: Callable[[str, str], None] | None = None) -> None:
+        """``armed``: the faults to inject (the driver arms them as it goes); ``on_call``: the phase
+        hook (module docstring)."""
         self.inner = inner
-        self.armed = Armed()
+        self.armed = armed if armed is not None else Armed()
         self.dead: set[str] = set()
         self.devices: dict[str, tuple[str, ...]] = {}  # live worker -> devices
         self.device_conflicts: list[str] = []
         self.attempts: dict[str, list[Attempt]] = {}  # conversation "<traj>/<turn>" -> attempts
         self.fresh: set[str] = set()  # launched, weights not yet loaded (next load = finalization)
         self.injected: dict[str, int] = {}
-        self.on_call: Callable[[str, str], None] | None = None
+        self.on_call = on_call
         self._calls: dict[str, dict[str, asyncio.Future[None]]] = {}  # worker -> rid -> crash signal
 
     def __getattr__(self, name: str) -> Any:  # engine extras (reconfig_log, events, ...) pass through

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +103,25 @@ def load_config_for(n: int, base: str = "qwen3-8b-h200") -> RunConfig:
     return RunConfig.model_validate(d)
 
 
+class _CountingEngine:
+    """Delegates to ``inner`` (the emulator) and counts the ``generate`` / ``generate_pd`` calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.requests = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
+        self.requests += 1
+        return await self.inner.generate(worker_id, req)  # type: ignore[no-any-return]
+
+    async def generate_pd(self, prefill_id: str, decode_id: str, req: GenerateRequest) -> GenerateResult:
+        self.requests += 1
+        return await self.inner.generate_pd(prefill_id, decode_id, req)  # type: ignore[no-any-return]
+
+
 @dataclass
 class LoadResult:
     engine: str
@@ -132,23 +150,8 @@ async def _run(cfg: RunConfig, engine_kind: str) -> dict[str, Any]:
     from pearl.sim.sessions import SyntheticSessionFactory
 
     clock = LoopClock()
-    engine: Any = EmulatedEngine.from_config(cfg, clock) if engine_kind == "emulated" else InstantEngine()
-    counted = 0
-    if engine_kind == "emulated":
-        inner_gen: Callable[[str, GenerateRequest], Awaitable[GenerateResult]] = engine.generate
-        inner_pd: Callable[[str, str, GenerateRequest], Awaitable[GenerateResult]] = engine.generate_pd
-
-        async def gen(w: str, req: GenerateRequest) -> GenerateResult:
-            nonlocal counted
-            counted += 1
-            return await inner_gen(w, req)
-
-        async def gen_pd(p: str, d: str, req: GenerateRequest) -> GenerateResult:
-            nonlocal counted
-            counted += 1
-            return await inner_pd(p, d, req)
-
-        engine.generate, engine.generate_pd = gen, gen_pd
+    engine: Any = (_CountingEngine(EmulatedEngine.from_config(cfg, clock, iteration_log=[]))
+                   if engine_kind == "emulated" else InstantEngine())
     ctrl = Controller(cfg, engine, SyntheticSessionFactory(cfg.workload, clock), clock=clock, max_batches=1)
     await ctrl.start()
     t0 = clock.now()
@@ -168,8 +171,7 @@ async def _run(cfg: RunConfig, engine_kind: str) -> dict[str, Any]:
         await asyncio.gather(sampler, return_exceptions=True)
         done = ctrl.pipeline.stats.trajectories_completed
         await ctrl.stop()
-    reqs = engine.requests if engine_kind == "instant" else counted
-    return {"requests": reqs, "peak": peak, "virtual_s": clock.now() - t0, "completed": done}
+    return {"requests": engine.requests, "peak": peak, "virtual_s": clock.now() - t0, "completed": done}
 
 
 def run_load(n: int = 10_000, engine: str = "instant") -> LoadResult:

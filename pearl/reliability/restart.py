@@ -67,7 +67,7 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, on_bat
     clock = LoopClock()
     journal = Journal(journal_path)
     version = journal.trained_batches(cfg.workload.batch_size)
-    engine = EmulatedEngine.from_config(cfg, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, iteration_log=[])
 
     def announce(rec: TrajectoryRecord) -> None:  # journaled first (the Controller's order), then acknowledged
         on_batch(None, rec)
@@ -139,7 +139,7 @@ def event_driver(seed: int) -> Any:
         import random
         import time as _time
 
-        from pearl.admin.app import ApiError
+        from pearl.admin.http import ApiError
         from pearl.core.events import EventKind
 
         k = app.control.door.count(EventKind.GPUS_GRANTED)

@@ -60,7 +60,7 @@ from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, Trai
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionFactory
 from pearl.core.state import ClusterState, Gpu, Zone
-from pearl.core.telemetry import IterationLogging, IterationRecord
+from pearl.core.telemetry import IterationLogging, IterationRecord, TelemetryRecord
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
 from pearl.runtime.clock import Clock, LoopClock
@@ -70,8 +70,9 @@ from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
 from pearl.runtime.journal import Journal, JournaledEngine, JournalHooks, RecoveredRun, restart_state
 from pearl.runtime.journal import attach as attach_journal
-from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume
 from pearl.runtime.rebuilder import ClusterRebuilder
+from pearl.runtime.router import Router
 from pearl.runtime.toggle import ToggleManager
 from pearl.runtime.tracker import RuntimeTracker
 from pearl.train.snapshot import WeightRegistry
@@ -104,11 +105,17 @@ class Controller:
         state_listeners: Sequence[Callable[[ClusterState], None]] = (),
         wall_now: Callable[[], float] = time.time,
         clock_epoch: str | None = None,
+        train_steps: int = 0,
+        pd_pair_node: Callable[[str], str] | None = None,
+        telemetry_listeners: Sequence[Callable[[TelemetryRecord], None]] = (),
     ) -> None:
         """``on_trajectory_done``: called with every completed trajectory (once the journal has it on
         disk); ``state_listeners``: called with every new ``ClusterState`` (after the journal's);
         ``wall_now`` / ``clock_epoch``: UTC and the clock's origin for the door's deadlines
-        (``pearl.runtime.door``)."""
+        (``pearl.runtime.door``); ``train_steps``: training steps already done (a resumed run's
+        step and version metrics continue from there); ``pd_pair_node``: worker -> node when a
+        prefill-decode pair must share a node (``Router``); ``telemetry_listeners``: called with every
+        request's telemetry before the tracker keeps it (``RuntimeTracker``)."""
         self.cfg = cfg
         #: where published versions are looked up when ``publish`` gets no path (the trainer
         #: registers its snapshots there; workers pull the folder lazily)
@@ -118,11 +125,10 @@ class Controller:
         self.journal = journal
         self._taken: collections.deque[list[str]] = collections.deque()  # batches being trained on
         self._trained: list[str] = []  # trained on, not yet durable (no checkpoint since)
-        #: the engine's per-iteration telemetry, where it logs one (``IterationLogging``), drained
-        #: into the tracker at every batch's refit
-        self._iterations: list[IterationRecord] = []
-        if isinstance(engine, IterationLogging):
-            engine.iteration_log = self._iterations
+        #: the engine's per-iteration telemetry, where it logs one (``IterationLogging``: the emulator
+        #: given a list at construction), drained into the tracker at every batch's refit
+        self._iterations: list[IterationRecord] = (
+            engine.iteration_log if isinstance(engine, IterationLogging) and engine.iteration_log is not None else [])
         self.recovered: RecoveredRun | None = None
         if journal is not None:
             self.recovered = journal.recover()
@@ -140,7 +146,7 @@ class Controller:
             wired = attach_journal(journal, state, self.recovered, cfg.workload.batch_size)
         hw = HardwareProfile.from_specs(cfg.model, cfg.hardware, tp)
         wl = WorkloadProfile.from_spec(cfg.workload)
-        self.tracker = RuntimeTracker(hw, wl, cfg.policy.profile_ema_alpha)
+        self.tracker = RuntimeTracker(hw, wl, cfg.policy.profile_ema_alpha, listeners=telemetry_listeners)
         version, path = initial_weights or (0, cfg.model.path or "emulated://v0")
         self._weights = (version, path)
         self._record_trajectory = wired.record_trajectory if wired is not None else None
@@ -154,7 +160,7 @@ class Controller:
             max_staleness=cfg.policy.max_staleness, max_trajectory_tokens=cfg.workload.max_trajectory_tokens,
             hooks=hooks, weights=self._weights, max_batches=max_batches,
             resume=Resume(wired.completed, wired.first_batch) if wired is not None else None,
-            router=Router(cfg.policy.affinity_slack, cost_aware=cfg.policy.affinity == "cost"),
+            router=Router(cfg.policy.affinity_slack, cost_aware=cfg.policy.affinity == "cost", pair_node=pd_pair_node),
         )
         listeners = ((wired.record_state,) if wired is not None else ()) + tuple(state_listeners)
         self.executor = PlanExecutor(state, engine, self.pipeline, self.clock, self.latest_weights, listeners)
@@ -168,7 +174,7 @@ class Controller:
                               wall_now, clock_epoch)
         self.started_at: float | None = None
         self.ready_at: float | None = None
-        self.train_steps = 0
+        self.train_steps = train_steps
         self.batch_predictions: list[tuple[float, float]] = []  # (predicted at batch start, observed) s
         # batch index -> the predicted makespan in force when that batch started (keyed, so the
         # pairing stays right even if a pipeline ever overlaps consecutive batches)

@@ -1,8 +1,10 @@
 """Elastic Scheduler (paper Sec. 4.1.2): one event queue -> decide -> plan -> execute.
 
-Every elastic event (admin API, trace replayer, trainer, tracker) enters ``submit``; one owner
-task (``run``) handles them in arrival order, so decisions never interleave. Each handler is
-observe -> decide -> act:
+Every elastic event (the door's outside events, trainer, tracker) enters ``submit``; one owner
+task (``run``) handles them one at a time, so decisions never interleave: urgent events (a due
+shrink) first, the rest in arrival order. Each handler is observe -> decide -> act: it gathers a
+frozen ``PoolOutlook`` (``outlook()``), calls one pure function of ``pearl.core.elastic_step``
+(``replan_step``, ``expansion_step``, ``borrow_step``) and applies what it returns:
 
 ================  ==============================================================================
 event             handling
@@ -16,13 +18,11 @@ GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_pre
                   changes), then admit every member at once
 (worker failed)   internal, from the pipeline: remove the worker from the state, re-plan (a free
                   reserved GPU gets a new worker through a background expansion)
-ReclaimNotice     urgent: a timer starts the shrink at ``deadline - shrink_margin_s`` (at once if
-                  that has passed); the shrink runs *outside* the queue so a long handler cannot
-                  delay it; then a re-plan of the survivors is queued. Notices are keyed by their
-                  ``ReclaimKey``: a notice for a key already armed tightens it (the earliest
-                  deadline wins: the timer is re-armed earlier, never later). A finished shrink
-                  takes its GPUs out of every other notice (a notice left with none is dropped
-                  with its timer), so no timer outlives the grant it was armed for
+ReclaimNotice     arm or tighten its notice (``pearl.runtime.notices``: keyed by ``ReclaimKey``, the
+                  earliest deadline wins); its timer queues the shrink at ``deadline -
+                  shrink_margin_s`` (at once if that has passed) as an urgent event
+(shrink due)      internal, urgent: the Rebuilder's shrink, then a re-plan of the survivors; the
+                  shrunk GPUs leave every other notice (no timer outlives its grant)
 NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
 TrainingStarted   mandatory return of borrowed overlap GPUs (Toggle Manager); the submitter's
                   ``wait`` resolves as soon as the GPUs are back; then survivors are re-planned
@@ -34,13 +34,9 @@ ProfileRefit      re-plan with the refit profiles (the decision engine's hystere
                   switch gate) and reconsider declined preemptible GPUs
 ================  ==============================================================================
 
-Re-plan (``replan``): the rollout budget is every GPU rollout may use now (GPUs of existing
-workers, free reserved GPUs, lent overlap GPUs; not preemptible GPUs that were declined or are
-still preparing); ``Decider.decide`` picks the target (``decide(n_slots, B, hw, wl, policy,
-current)`` with the policy's overrides, ``pearl.core.override``); a switch that cannot pay back
-before the budget is known to shrink is held (``outlook.hold_switch``: the current allocation,
-projected onto the budget, stays); ``plan`` gives the minimal-change steps; the executor runs
-them; ADD steps become a background expansion group. ``replan`` returns a ``ReplanOutcome``.
+Re-plan (``replan``): ``elastic_step.replan_step`` decides the target once (decide, overrides,
+switch hold) and plans it on the rollout budget; the executor runs the plan; ADD steps become a
+background expansion group. ``replan`` returns a ``ReplanOutcome``.
 
 Forecasts (the batch forecast recorded at each batch start, the running batch's remaining time,
 how long the budget holds) are pure functions of a frozen ``PoolOutlook`` (``outlook()``: the
@@ -48,8 +44,9 @@ decision in force, lent GPUs, reclaim notices, expansions in preparation, measur
 ``pearl.core.outlook``.
 
 Idempotency is the door's (``pearl.runtime.door``): the scheduler handles every event it is
-given, so a client's id can never suppress one of the runtime's own. Every handled event, decision and plan is appended to ``history`` (bounded), newest last.
-Reconfigurations are counted by kind in ``reconfigurations``.
+given, so a client's id can never suppress one of the runtime's own. Every handled event,
+decision and plan is appended to ``history`` (bounded), newest last (``watch(kind)``: a future of
+the next entry of a kind); reconfigurations are counted by kind in ``reconfigurations``.
 
 Public names: ``ElasticScheduler``, ``ReplanOutcome``.
 """
@@ -58,13 +55,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pearl.config import RunConfig
 from pearl.core.decision import Allocation, Decision, DecisionError
+from pearl.core.elastic_step import (
+    LIFETIME_EMA_ALPHA,
+    ReplanStep,
+    borrow_step,
+    costs_from_policy,
+    expansion_step,
+    replan_step,
+    rollout_budget,
+    slots,
+)
 from pearl.core.events import (
     ElasticEvent,
     GpusGranted,
@@ -75,7 +82,7 @@ from pearl.core.events import (
     TrainingFinished,
     TrainingStarted,
 )
-from pearl.core.gate import CostKind, CostModel, GateDecision, borrow_gate, expansion_gate
+from pearl.core.gate import CostKind
 from pearl.core.outlook import (
     Expansion,
     PoolOutlook,
@@ -83,16 +90,15 @@ from pearl.core.outlook import (
     SwitchHold,
     TrainerView,
     batch_forecast,
-    hold_switch,
-    remaining_s,
     speeds_since,
 )
 from pearl.core.override import Decider
-from pearl.core.planner import Plan, PlanError, StepKind, free_groups, plan
+from pearl.core.planner import Plan, PlanError, StepKind, free_groups
 from pearl.core.state import Gpu, WorkerStatus, Zone
 from pearl.runtime.clock import Clock
-from pearl.runtime.control import SubmitResult, UnknownResourceError
+from pearl.runtime.control import SubmitResult
 from pearl.runtime.executor import ExecutionReport, PlanExecutor
+from pearl.runtime.notices import ArmedNotice, NoticeBook
 from pearl.runtime.pipeline import PipelineScheduler
 from pearl.runtime.rebuilder import ClusterRebuilder, ExpansionGroup, GroupStatus
 from pearl.runtime.toggle import ToggleManager
@@ -109,12 +115,20 @@ class _ExpansionDone:
 
 @dataclass(frozen=True, slots=True)
 class _Replan:
-    """Internal event: re-plan after something outside the queue changed the state (a shrink);
-    ``expand``: then consider the free preemptible GPUs again (the retry of a failed expansion)."""
+    """Internal event: re-plan, then consider the free preemptible GPUs again (the retry of a
+    failed expansion)."""
 
     reason: str
     event_id: str = ""
-    expand: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ShrinkDue:
+    """Internal event, put by a notice's timer: the shrink of ``notice`` is due (urgent: handled
+    before every event queued that is not urgent)."""
+
+    notice: ArmedNotice
+    event_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,16 +138,6 @@ class _WorkerFailed:
     worker_id: str
     reason: str
     event_id: str = ""
-
-
-@dataclass
-class _Notice:
-    key: ReclaimKey
-    notice_id: str
-    gpus: tuple[str, ...]
-    deadline: float
-    timer: asyncio.Task[None] | None = None
-    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +191,7 @@ class ElasticScheduler:
         self.pipeline = pipeline
         self.shrink_margin_s = shrink_margin_s
         self.expected_lifetime_s = expected_lifetime_s  # EMA of observed preemptible lifetimes
-        self.costs = CostModel(activation_s=cfg.policy.initial_activation_s,
-                               deactivation_s=cfg.policy.initial_deactivation_s,
-                               expansion_prep_s=cfg.policy.initial_expansion_prep_s,
-                               expansion_final_s=cfg.policy.initial_expansion_final_s,
-                               weight_sync_s=cfg.policy.initial_weight_sync_s,
-                               alpha=cfg.policy.cost_ema_alpha)
+        self.costs = costs_from_policy(cfg.policy)
         self.decision: Decision | None = None
         self.allocation: Allocation | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history_limit)
@@ -205,15 +204,18 @@ class ElasticScheduler:
         #: batch's start (``outlook.remaining_s``)
         self._speeds: list[tuple[float, float]] = []
         self.granted_at: dict[str, float] = {}
-        self.notices: dict[ReclaimKey, _Notice] = {}
-        self._queued_notices: Counter[ReclaimKey] = Counter()  # submitted, not handled yet
         self.shrinks: list[dict[str, Any]] = []
         self.gate_log: list[dict[str, Any]] = []
-        self._queue: asyncio.Queue[tuple[object, asyncio.Future[None] | None]] = asyncio.Queue()
+        #: (urgency: 0 a due shrink, 1 the rest; arrival; event; its waiter)
+        self._queue: asyncio.PriorityQueue[tuple[int, int, object, asyncio.Future[None] | None]] = (
+            asyncio.PriorityQueue())
+        self._arrivals = 0
         self._task: asyncio.Task[None] | None = None
         self._pending = 0
         self._idle = asyncio.Event()
         self._timers: set[asyncio.Task[None]] = set()
+        self.book = NoticeBook(clock, shrink_margin_s, self._timers, self._queue_shrink, self._log)
+        self._watchers: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -229,7 +231,7 @@ class ElasticScheduler:
 
     async def run(self) -> None:
         while True:
-            ev, done = await self._queue.get()
+            _urgency, _seq, ev, done = await self._queue.get()
             try:
                 await self._handle(ev, done)
             except asyncio.CancelledError:
@@ -257,16 +259,17 @@ class ElasticScheduler:
         eid = event.event_id
         detail = self._validate(event)
         if isinstance(event, ReclaimNotice):
-            self._queued_notices[event.key] += 1
+            self.book.queued[event.key] += 1
         done: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if wait else None
         self._put(event, done)
         if done is not None:
             await done
         return SubmitResult(applied=True, event_id=eid, detail=detail)
 
-    def _put(self, ev: object, done: asyncio.Future[None] | None = None) -> None:
+    def _put(self, ev: object, done: asyncio.Future[None] | None = None, urgent: bool = False) -> None:
         self._pending += 1
-        self._queue.put_nowait((ev, done))
+        self._arrivals += 1
+        self._queue.put_nowait((0 if urgent else 1, self._arrivals, ev, done))
 
     def _validate(self, ev: ElasticEvent) -> str:
         state = self.executor.state
@@ -277,26 +280,8 @@ class ElasticScheduler:
             if dup:
                 raise ValueError(f"gpus: {dup} are already in the cluster; grant new GPU ids")
             return f"{len(ev.gpus)} GPUs granted"
-        if isinstance(ev, ReclaimNotice):
-            if not ev.gpu_ids:
-                raise ValueError("gpu_ids: a reclaim notice must name at least one GPU")
-            for g in ev.gpu_ids:
-                if g not in state.gpus and g not in self.rebuilder.preparing_gpus():
-                    raise UnknownResourceError("GPU", g)
-                if g in state.gpus and state.gpus[g].zone is not Zone.PREEMPTIBLE:
-                    raise ValueError(f"gpu_ids: {g} is a {state.gpus[g].zone.value} GPU; only preemptible "
-                                     "GPUs can be reclaimed")
-            if not math.isfinite(ev.deadline):
-                raise ValueError(f"deadline: {ev.deadline} is not a finite clock time")
-            known = self.notices.get(ev.key)
-            if known is not None and not known.started:
-                due = min(known.deadline, ev.deadline)
-                return f"reclaim {ev.key.label}: shrink due by t={due:.1f} (the earliest deadline given)"
-            return f"shrink of {len(ev.gpu_ids)} GPUs due by t={ev.deadline:.1f}"
-        if isinstance(ev, NoticeCancelled):
-            if ev.key not in self.notices and not self._queued_notices[ev.key]:
-                raise UnknownResourceError("notice", ev.notice_id)
-            return "notice cancellation queued"
+        if isinstance(ev, ReclaimNotice | NoticeCancelled):
+            return self.book.validate(ev, state, self.rebuilder.preparing_gpus())
         return ""
 
     # ------------------------------------------------------------------ dispatch
@@ -304,11 +289,9 @@ class ElasticScheduler:
         if isinstance(ev, GpusGranted):
             await self._on_grant(ev)
         elif isinstance(ev, ReclaimNotice):
-            self._queued_notices[ev.key] -= 1
-            self._queued_notices += Counter()  # drop the zero counts
             self._on_notice(ev)
         elif isinstance(ev, NoticeCancelled):
-            self._on_cancel(ev)
+            self.book.cancel(ev)
         elif isinstance(ev, TrainingStarted):
             await self._on_training_started(ev, done)
         elif isinstance(ev, TrainingFinished):
@@ -318,31 +301,26 @@ class ElasticScheduler:
             await self._consider_expansion("profile refit")
         elif isinstance(ev, _ExpansionDone):
             await self._on_group_done(ev)
+        elif isinstance(ev, _ShrinkDue):
+            await self._on_shrink_due(ev)
         elif isinstance(ev, _Replan):
             await self.replan(ev.reason)
-            if ev.expand:
-                await self._consider_expansion(ev.reason)
+            await self._consider_expansion(ev.reason)
         elif isinstance(ev, _WorkerFailed):
             await self._on_worker_failed(ev)
 
     # ------------------------------------------------------------------ budget and decisions
     def budget(self) -> frozenset[str]:
-        """GPUs rollout may use now (module docstring)."""
-        state = self.executor.state
-        out = set()
-        for g, gpu in state.gpus.items():
-            owner = state.owner_of(g)
-            if gpu.zone is Zone.OVERLAP:
-                if gpu.lent:
-                    out.add(g)
-            elif owner is not None or gpu.zone is Zone.RESERVED:
-                out.add(g)
-        return frozenset(out)
+        """GPUs rollout may use now (``elastic_step.rollout_budget``)."""
+        return rollout_budget(self.executor.state)
 
     def slots(self, budget: frozenset[str]) -> int:
-        state = self.executor.state
-        live = sum(1 for w in state.workers.values() if all(g in budget for g in w.gpus))
-        return live + len(free_groups(state, budget, self.cfg.cluster.tp_size))
+        return slots(self.executor.state, budget, self.cfg.cluster.tp_size)
+
+    def use_overrides(self, overrides: Mapping[int, str]) -> None:
+        """Decide with ``policy.allocation_overrides = overrides`` from now on (a schedule of
+        allocations: the oracle's plan, a fixed-allocation measurement)."""
+        self.policy = self.policy.model_copy(update={"allocation_overrides": dict(overrides)})
 
     def decider(self) -> Decider:
         """The decision with the policy's overrides on the tracker's current profiles."""
@@ -395,15 +373,12 @@ class ElasticScheduler:
             self.allocation = None
             return ReplanOutcome(reason, report=rep)
         try:
-            wish = self.decider().decide(n, self.allocation)
-            p = plan(state, wish.target, budget, self.cfg.cluster.tp_size)
-            held = self._hold_switch(wish, p, budget, batch_boundary)
-            d = held.decision
-            if d is not wish:  # held: plan the current allocation instead
-                p = plan(state, d.target, budget, self.cfg.cluster.tp_size)
+            step = replan_step(self.outlook(), state, budget, self.cfg.cluster.tp_size, batch_boundary)
         except (DecisionError, PlanError) as e:
             self._log("replan", reason=reason, error=str(e))
             return ReplanOutcome(reason, error=str(e))
+        d, p, held = step.decision, step.plan, step.switch
+        self._log_switch(step)
         if self.allocation is not None and d.target != self.allocation:
             if d.target.mode is not self.allocation.mode:
                 self.reconfigurations["mode_switch"] += 1
@@ -432,28 +407,15 @@ class ElasticScheduler:
             self.reconfigurations["errors"] += len(rep.errors)
         return ReplanOutcome(reason, decision=d, plan=p, report=rep, switch=held, expansion=group)
 
-    def _active_steps(self, p: Plan, *kinds: StepKind) -> set[str]:
-        """Workers now serving (ACTIVE) that ``p`` acts on with a step of one of ``kinds`` (the
-        expansion and switch gates' re-planned serving workers)."""
-        workers = self.executor.state.workers
-        return {s.worker_id for s in p.of_kind(*kinds)
-                if s.worker_id in workers and workers[s.worker_id].status is WorkerStatus.ACTIVE}
-
-    def _hold_switch(self, d: Decision, p: Plan, budget: frozenset[str], batch_boundary: bool) -> SwitchHold:
-        """``outlook.hold_switch`` on the pool now; ``p`` is the plan for ``d.target``, whose
-        re-roled serving workers are the switch's cost. Logs the gate when one was evaluated."""
-        serving = sum(1 for wk in self.executor.state.workers.values()
-                      if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus))
-        roled = self._active_steps(p, StepKind.CHANGE_ROLE)
-        held = hold_switch(self.outlook(), d, batch_boundary, len(roled) / max(serving, 1))
+    def _log_switch(self, step: ReplanStep) -> None:
+        """Log the switch gate when ``replan_step`` evaluated one."""
+        held, to = step.switch, step.wish.target.label
         if held.gate is None or held.projected is None:
-            return held
-        self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": held.projected.label,
-                              "to": d.target.label, **held.gate.to_dict()})
+            return
+        self.gate_log.append({"t": self.clock.now(), "kind": "switch", "from": held.projected.label, "to": to,
+                              **held.gate.to_dict()})
         if held.held:
-            self._log("switch_declined", current=held.projected.label, target=d.target.label,
-                      gate=held.gate.to_dict())
-        return held
+            self._log("switch_declined", current=held.projected.label, target=to, gate=held.gate.to_dict())
 
     # ------------------------------------------------------------------ inter-scale
     async def _on_grant(self, ev: GpusGranted) -> None:
@@ -473,7 +435,7 @@ class ElasticScheduler:
     def _candidates(self) -> list[tuple[str, ...]]:
         """Free preemptible GPU groups that are neither preparing nor under a reclaim notice."""
         state = self.executor.state
-        busy = self.rebuilder.preparing_gpus() | {g for n in self.notices.values() for g in n.gpus}
+        busy = self.rebuilder.preparing_gpus() | self.book.gpus()
         free = [g for g in state.free_gpus([Zone.PREEMPTIBLE]) if g not in busy]
         return free_groups(state, free, self.cfg.cluster.tp_size)
 
@@ -481,36 +443,22 @@ class ElasticScheduler:
         groups = self._candidates()
         if not groups:
             return
-        budget = self.budget()
-        n_now = self.slots(budget)
         pending = sum(len(g.members) for g in self.rebuilder.pending())
-        n_base = n_now + pending
-        n_with = n_base + len(groups)
-        decider = self.decider()
-        m_now, m_with = decider.fresh_makespan(n_base), decider.fresh_makespan(n_with)
-        # roles for the new workers: the planner's ADD steps for the target on budget + new GPUs;
-        # the same plan says which serving workers the admission would re-plan (the gate's cost)
-        target = decider.decide(n_with, self.allocation).target
-        new_gpus = {g for gs in groups for g in gs}
-        pool = budget | new_gpus | self.rebuilder.preparing_gpus()
-        try:
-            p = plan(self.executor.state, target, pool, self.cfg.cluster.tp_size)
-        except PlanError as e:
-            self._log("expand_declined", reason=reason, error=str(e))
+        step = expansion_step(self.outlook(), self.executor.state, self.budget(), groups,
+                              self.rebuilder.preparing_gpus(), pending, self.cfg.cluster.tp_size,
+                              self.expected_lifetime_s)
+        if step.gate is None:
+            self._log("expand_declined", reason=reason, error=step.error)
             return
-        stalled = self._active_steps(p, StepKind.REMOVE, StepKind.DEACTIVATE, StepKind.CHANGE_ROLE)
-        gate = expansion_gate(m_now if math.isfinite(m_now) else 1e12, m_with, self.expected_lifetime_s,
-                              self.costs, self.policy, stalled_fraction=len(stalled) / max(n_now, 1))
-        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **gate.to_dict()})
-        if not gate.admit:
-            self._log("expand_declined", reason=reason, gate=gate.to_dict(), gpus=sorted(new_gpus))
+        self.gate_log.append({"t": self.clock.now(), "kind": "expansion", **step.gate.to_dict()})
+        if not step.gate.admit:
+            self._log("expand_declined", reason=reason, gate=step.gate.to_dict(), gpus=sorted(step.gpus))
             return
-        members = {s.worker_id: (s.gpus, s.role) for s in p.of_kind(StepKind.ADD) if set(s.gpus) <= new_gpus}
-        if not members:
+        if not step.members:
             return
-        grp = self.rebuilder.expand(members, self._on_group_ready)
+        grp = self.rebuilder.expand(step.members, self._on_group_ready)
         self.reconfigurations["expansion_started"] += 1
-        self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), gate=gate.to_dict(),
+        self._log("expand_started", group=grp.group_id, workers=sorted(grp.members), gate=step.gate.to_dict(),
                   reason=reason)
 
     def _on_group_ready(self, grp: ExpansionGroup) -> None:
@@ -542,63 +490,37 @@ class ElasticScheduler:
         self.reconfigurations["expansion"] += 1
         self._log("expand_admitted", group=grp.group_id, workers=admitted, wait_s=self.clock.now() - grp.started_at)
 
+    @property
+    def notices(self) -> dict[ReclaimKey, ArmedNotice]:
+        """The armed reclaim notices by key (``NoticeBook``)."""
+        return self.book.notices
+
     def _on_notice(self, ev: ReclaimNotice) -> None:
-        now = self.clock.now()
-        known = self.notices.get(ev.key)
-        if known is not None:  # the same reclaim again: the earliest deadline wins
-            if known.started or ev.deadline >= known.deadline:
-                self._log("reclaim_notice_kept", notice=known.notice_id, deadline=known.deadline,
-                          given=ev.deadline, started=known.started)
-                return
-            if known.timer is not None:
-                known.timer.cancel()
-            known.deadline = ev.deadline
-            start = max(now, ev.deadline - self.shrink_margin_s)
-            self._arm(known, start)
-            self._log("reclaim_notice_tightened", notice=known.notice_id, deadline=ev.deadline, shrink_at=start)
+        if not self.book.note(ev):
             return
-        nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
-        notice = _Notice(ev.key, nid, tuple(ev.gpu_ids), ev.deadline)
-        self.notices[ev.key] = notice
-        for g in ev.gpu_ids:
+        now = self.clock.now()
+        for g in ev.gpu_ids:  # a new reclaim: the lifetime its GPUs had teaches ``T_life``
             t = self.granted_at.pop(g, None)
             if t is not None:
-                self.expected_lifetime_s += 0.3 * ((now - t) - self.expected_lifetime_s)
-        start = max(now, ev.deadline - self.shrink_margin_s)
-        self._arm(notice, start)
-        self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
+                self.expected_lifetime_s += LIFETIME_EMA_ALPHA * ((now - t) - self.expected_lifetime_s)
 
-    def _arm(self, notice: _Notice, start: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._shrink_at(notice, start),
-                                                      name=f"shrink-{notice.notice_id}")
-        notice.timer = task
-        self._timers.add(task)
-        task.add_done_callback(self._timers.discard)
+    async def _queue_shrink(self, notice: ArmedNotice) -> None:
+        """A notice's timer fired: queue its shrink (urgent); return once it and the survivors'
+        re-plan are done."""
+        done = asyncio.get_running_loop().create_future()
+        self._put(_ShrinkDue(notice), done, urgent=True)
+        await done
 
-    async def _shrink_at(self, notice: _Notice, start: float) -> None:
-        await self.clock.sleep_until(start)
-        notice.started = True
+    async def _on_shrink_due(self, ev: _ShrinkDue) -> None:
+        notice = ev.notice
+        if not self.book.take(notice):
+            return
         rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
-        if self.notices.get(notice.key) is notice:
-            del self.notices[notice.key]
-        self._forget_gpus(set(notice.gpus))
+        self.book.finish(notice)
         self.reconfigurations["shrink"] += 1
         self.shrinks.append(rep.to_dict())
         self._log("shrink", notice=notice.notice_id, **rep.to_dict())
-        self._put(_Replan(f"re-plan survivors after reclaim {notice.notice_id}"))
-
-    def _forget_gpus(self, gone: set[str]) -> None:
-        """GPUs that left the table leave every other notice; a notice left with none is dropped
-        with its timer (a timer belongs to the grant it was armed for, never to a re-grant)."""
-        for key, n in list(self.notices.items()):
-            if n.started or not gone.intersection(n.gpus):
-                continue
-            n.gpus = tuple(g for g in n.gpus if g not in gone)
-            if not n.gpus:
-                if n.timer is not None:
-                    n.timer.cancel()
-                del self.notices[key]
-                self._log("notice_dropped", notice=n.notice_id, reason="its GPUs were reclaimed")
+        await self.replan(f"re-plan survivors after reclaim {notice.notice_id}")
 
     def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:
         """A failed expansion leaves the planned topology short (e.g. a replacement prefill worker
@@ -609,7 +531,7 @@ class ElasticScheduler:
 
         async def later() -> None:
             await self.clock.sleep(delay_s)
-            self._put(_Replan(reason, expand=True))
+            self._put(_Replan(reason))
 
         task = asyncio.get_running_loop().create_task(later(), name="replan-after-failure")
         self._timers.add(task)
@@ -628,16 +550,6 @@ class ElasticScheduler:
         self._log("worker_failed", worker=ev.worker_id, reason=ev.reason[:300])
         await self.replan(f"worker {ev.worker_id} failed: replace it")
 
-    def _on_cancel(self, ev: NoticeCancelled) -> None:
-        notice = self.notices.get(ev.key)
-        if notice is None or notice.started:
-            self._log("notice_cancel_ignored", notice=ev.notice_id, reason="shrink already done")
-            return
-        if notice.timer is not None:
-            notice.timer.cancel()
-        del self.notices[ev.key]
-        self._log("notice_cancelled", notice=ev.notice_id)
-
     # ------------------------------------------------------------------ intra-scale
     async def _on_training_started(self, ev: TrainingStarted, done: asyncio.Future[None] | None) -> None:
         self.trainer = self.trainer.started(self.clock.now())
@@ -655,17 +567,12 @@ class ElasticScheduler:
         self.trainer = self.trainer.finished(self.clock.now(), self.policy.cost_ema_alpha)
         if not self.policy.borrow_enabled or not self.toggle.overlap_gpus():
             return
-        budget = self.budget()
-        n_now = self.slots(budget)
+        n_now = self.slots(self.budget())
         overlap = self.toggle.overlap_gpus()
         n_with = n_now + len(overlap) // self.cfg.cluster.tp_size
-        decider = self.decider()
-        m_now, m_with = decider.fresh_makespan(n_now), decider.fresh_makespan(n_with)
-        remaining = remaining_s(self.outlook())
-        window = ev.expected_idle_s if ev.expected_idle_s is not None else remaining
+        step = borrow_step(self.outlook(), n_now, n_with, ev.expected_idle_s)
         self.trainer = replace(self.trainer, idle_window_s=ev.expected_idle_s)
-        gate: GateDecision = borrow_gate(m_now if math.isfinite(m_now) else 1e12, m_with, window, remaining,
-                                         self.costs, self.policy)
+        gate = step.gate
         self.gate_log.append({"t": self.clock.now(), "kind": "borrow", "step": ev.step, **gate.to_dict()})
         if not gate.admit:
             self._log("borrow_declined", step=ev.step, gate=gate.to_dict())
@@ -677,13 +584,21 @@ class ElasticScheduler:
 
     # ------------------------------------------------------------------ history
     def _log(self, kind: str, **data: Any) -> None:
-        self.history.append({"t": self.clock.now(), "kind": kind, **data})
+        entry = {"t": self.clock.now(), "kind": kind, **data}
+        self.history.append(entry)
+        for fut in self._watchers.pop(kind, ()):
+            if not fut.done():
+                fut.set_result(entry)
+
+    def watch(self, kind: str) -> asyncio.Future[dict[str, Any]]:
+        """A future of the next ``history`` entry of ``kind`` (``"shrink"``, ``"replan"`` ...)."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._watchers.setdefault(kind, []).append(fut)
+        return fut
 
     async def close(self) -> None:
         await self.stop()
-        for n in list(self.notices.values()):
-            if n.timer is not None:
-                n.timer.cancel()
+        self.book.close()
         with contextlib.suppress(Exception):
             await self.rebuilder.close()
 

@@ -11,7 +11,7 @@ current profiles, clears the window and returns them. The decision engine reads 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pearl.core.decision import Allocation, Mode, model_makespan
@@ -27,7 +27,8 @@ from pearl.core.profile import (
 
 class RuntimeTracker:
     def __init__(self, hardware: HardwareProfile, workload: WorkloadProfile, alpha: float = 0.5,
-                 keep_last: int = 20_000) -> None:
+                 keep_last: int = 20_000, listeners: Sequence[Callable[[TelemetryRecord], None]] = ()) -> None:
+        """``listeners``: called with every record before it is kept (a checker of what the fits see)."""
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha={alpha}: the EMA weight must be in (0, 1]")
         self.hardware = hardware
@@ -38,8 +39,11 @@ class RuntimeTracker:
         self.refits = 0
         self.recent: list[TelemetryRecord] = []  # a bounded tail of all records (for reports)
         self._keep = keep_last
+        self._listeners = tuple(listeners)
 
     def record(self, rec: TelemetryRecord) -> None:
+        for listen in self._listeners:
+            listen(rec)
         self.window.append(rec)
         self.records_total += 1
         self.recent.append(rec)

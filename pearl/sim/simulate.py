@@ -226,7 +226,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
                progress: Callable[[float], None] | None,
                schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> dict[str, Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg))
+    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg), iteration_log=[])
     factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock)
     await ctrl.start()
@@ -245,7 +245,7 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
         for at, _k, item in items:
             await clock.sleep_until(t0 + at)
             if isinstance(item, dict):
-                ctrl.elastic.policy = ctrl.elastic.policy.model_copy(update={"allocation_overrides": item})
+                ctrl.elastic.use_overrides(item)
                 continue
             e = _shift(item, t0)
             res = await ctrl.submit(e.event)
@@ -486,7 +486,7 @@ async def _measure(cfg: RunConfig, batches: int, physics: EmulatorPhysics | None
                    engines: list[EmulatedEngine] | None = None) -> tuple[list[float], Any]:
     clock = LoopClock()
     engine = EmulatedEngine.from_config(cfg, clock, physics if physics is not None else
-                                        EmulatedEngine.emulator_physics(cfg))
+                                        EmulatedEngine.emulator_physics(cfg), iteration_log=[])
     if engines is not None:
         engines.append(engine)
     factory = SyntheticSessionFactory(cfg.workload, clock)

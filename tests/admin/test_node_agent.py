@@ -244,7 +244,7 @@ async def test_router_pairs_prefill_and_decode_on_one_node_for_engines_without_s
     """Two nodes, each with a prefill and a decode worker of the emulated engine (no split PD). The
     router without ``pair_node`` picks a cross-node pair, which the engine refuses; with it, every
     pair it hands out - under load and affinity - shares a node and generates."""
-    from pearl.runtime.pipeline import Route, Router
+    from pearl.runtime.router import Route, Router
 
     eng, _agents = remote
     for wid, dev, role in [("p0", "n0-g0", Role.PREFILL), ("d0", "n0-g1", Role.DECODE),

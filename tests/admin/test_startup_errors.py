@@ -66,6 +66,27 @@ def test_pearl_serve_on_a_locked_folder_is_one_line(tmp_path: Path) -> None:
     assert line.startswith(f"pearl serve: error: output_dir {tmp_path / 'run'} is in use by another pearl serve")
 
 
+def test_pearl_main_on_a_locked_folder_is_one_line(tmp_path: Path) -> None:
+    from tests.admin.test_service import free_port
+
+    cfg = write_config(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env.pop("PEARL_ADMIN_TOKEN", None)
+    fd = lock_output_dir(tmp_path / "run")
+    try:
+        p = subprocess.run([sys.executable, "pearl/main.py", "--config", str(cfg), "--port", "0"],
+                           capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    finally:
+        release_output_dir(fd)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pearl/main.py:")]
+    assert len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith(f"pearl/main.py: rank 0: error: output_dir {tmp_path / 'run'} is in use by another "
+                               "pearl serve")
+
+
 def test_a_corrupt_journal_is_one_line_naming_it(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     (tmp_path / "run").mkdir()

@@ -63,7 +63,7 @@ async def test_runtime_switches_coloc_pd_coloc(tmp_path: Path) -> None:
         served: dict[str, Counter[str]] = {}
         for label, want, mode in [("1P1D", {"prefill": 1, "decode": 1}, "disaggregated"),
                                   ("coloc", {"colocated": 2}, "colocated")]:
-            ctrl.elastic.policy = cfg.policy.model_copy(update={"allocation_overrides": {2: label}})
+            ctrl.elastic.use_overrides({2: label})
             rep = await asyncio.wait_for(ctrl.elastic.replan(f"test: switch to {label}"), WAIT_S)
             assert rep is not None and not rep.errors, rep
             assert roles(ctrl) == want

@@ -13,7 +13,8 @@ from pearl.engines.base import ServerSpec
 from pearl.engines.emulated import EmulatedEngine
 from pearl.runtime.clock import Clock
 from pearl.runtime.executor import PlanExecutor
-from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler
+from pearl.runtime.router import Router
 from pearl.runtime.tracker import RuntimeTracker
 
 
@@ -22,7 +23,7 @@ def config(name: str = "qwen3-8b-h200", **overrides: object) -> RunConfig:
 
 
 def engine(clock: Clock, cfg: RunConfig | None = None) -> EmulatedEngine:
-    return EmulatedEngine.from_config(cfg or config(), clock)
+    return EmulatedEngine.from_config(cfg or config(), clock, iteration_log=[])
 
 
 @dataclass

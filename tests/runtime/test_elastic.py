@@ -319,3 +319,42 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
     # no shrink known: no gate entry, the switch is made
     assert free.switch is not None and free.switch.gate is None
     assert alloc2 == Allocation.disaggregated(1, 1) and gates2 == gates
+
+
+def test_a_due_shrink_waits_on_the_queue_for_the_handler_in_progress() -> None:
+    """A notice's timer queues its shrink: the shrink never runs beside a handler (here the return of
+    lent GPUs, which takes the deactivation time), it runs right after it, before the events queued
+    behind, and the timer ends with the shrink and the survivors' re-plan."""
+
+    async def main():
+        clock = LoopClock()
+        el, _r = _scheduler(clock)
+        await _started(el)
+        await el.submit(_grant("p0", eid="g1"), wait=True)
+        (grp,) = el.rebuilder.pending()
+        assert grp.task is not None
+        await grp.task
+        await el.idle()
+        await el.submit(TrainingFinished(0, 0, expected_idle_s=300.0, event_id="tf0"), wait=True)
+        assert el.toggle.borrowed
+        now = clock.now()
+        await el.submit(ReclaimNotice(("p0",), deadline=now + 1.0, notice_id="n1"))  # shrink due at once
+        started = asyncio.ensure_future(el.submit(TrainingStarted(1, event_id="ts1"), wait=True))
+        await asyncio.sleep(0)
+        (notice,) = el.notices.values()
+        assert notice.timer is not None
+        await notice.timer  # ends once the shrink and the survivors' re-plan were handled
+        kinds = [h["kind"] for h in el.history if h["t"] >= now]
+        await started
+        await el.idle()
+        await el.close()
+        return el, kinds, now
+
+    el, kinds, now = run_virtual(main())
+    (shrink,) = el.shrinks
+    ret = next(h for h in el.history if h["kind"] == "return")
+    assert shrink["started_at"] >= ret["t"] > now  # after the return handler, not beside it
+    assert kinds.index("return") < kinds.index("shrink")
+    after = kinds[kinds.index("shrink") + 1:]
+    assert after[0] == "replan" and el.notices == {}
+    assert not {"p0"} & set(el.executor.state.gpus)

@@ -11,7 +11,8 @@ from pearl.core.state import Role
 from pearl.core.trajectory import TrajectoryStatus
 from pearl.engines.base import FinishReason, ServerSpec, StreamCutError
 from pearl.runtime.clock import LoopClock, run_virtual
-from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume, Router
+from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume
+from pearl.runtime.router import Router
 from pearl.runtime.tracker import RuntimeTracker
 
 from .helpers import ScriptedSession, config, engine
