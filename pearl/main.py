@@ -77,6 +77,7 @@ log = logging.getLogger("pearl.main")
 
 STORE_PREFIX = "pearl/"
 _BARRIER_TIMEOUT_S = 60.0
+_AGENT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,9 +306,9 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
             await watcher.close()
             await service.stop()
             for n, c in clients.items():
-                if n != env.node:
-                    with contextlib.suppress(aiohttp.ClientError, RuntimeError, OSError):
-                        await c.shutdown()
+                if n != env.node:  # a node that does not answer stops on its own signal or the barrier's end
+                    with contextlib.suppress(aiohttp.ClientError, RuntimeError, OSError, TimeoutError):
+                        await asyncio.wait_for(c.shutdown(), _AGENT_SHUTDOWN_TIMEOUT_S)
     return rc
 
 

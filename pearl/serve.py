@@ -386,32 +386,45 @@ class Service:
         return 0
 
     async def stop(self) -> Path | None:
+        """Shut down in order, each phase bounded (``SHUTDOWN_BOUND_S``) and logged with its time: a
+        phase that overruns is cancelled with a WARNING naming it, and the next one runs. A request
+        whose abort did not return in time keeps no partial output: its turn runs again from the
+        journal's last record on a restart (nothing is lost)."""
         report = None
         if self.cloud_watch is not None:
-            await self.cloud_watch.close()
+            await _bounded("cloud watch closed", self.cloud_watch.close())
             self.cloud_watch = None
         if self.admin is not None:
-            await self.admin.stop()
+            await _bounded("admin API stopped", self.admin.stop())
         if self._train_task is not None:
             self._train_task.cancel()
-            await asyncio.gather(self._train_task, return_exceptions=True)
+            await _bounded("training loop cancelled", asyncio.gather(self._train_task, return_exceptions=True))
         if self.trainer is not None:
-            with contextlib.suppress(Exception):
-                await (self.trainer.close() if self.real else self.trainer.stop())
+            await _bounded("trainer stopped", self.trainer.close() if self.real else self.trainer.stop(),
+                           TRAINER_STOP_BOUND_S)
         if self.controller is not None:
             # stop dispatch: evict every worker (aborts in-flight requests; each turn keeps its
             # partial output), then cancel the pipeline and the schedulers, then stop the servers
             pipe = self.controller.pipeline
-            for wid in sorted(self.controller.executor.state.workers):
+            workers = sorted(self.controller.executor.state.workers)
+
+            drained: set[str] = set()
+
+            async def evict(wid: str) -> None:
                 with contextlib.suppress(Exception):
                     self.aborted_at_stop += await pipe.evict(wid)
+                drained.add(wid)
+
+            if not await _bounded(f"dispatch stopped on {len(workers)} worker(s)",
+                                  asyncio.gather(*(evict(w) for w in workers))):
+                log.warning("shutdown: %s did not drain; their in-flight turns run again from the journal on a "
+                            "restart", ", ".join(w for w in workers if w not in drained))
             kept = "" if self.journal is None else f" (journal {self.journal_path}: {self.journal.counts()})"
             log.info("shutdown: dispatch stopped, %d in-flight request(s) aborted with partial output kept%s",
                      self.aborted_at_stop, kept)
-            await self.controller.stop(close_engine=True)
+            await _bounded("controller and engine servers stopped", self.controller.stop(close_engine=True))
         elif self.engine is not None:
-            with contextlib.suppress(Exception):
-                await self.engine.close()
+            await _bounded("engine servers stopped", self.engine.close())
         if self.observer is not None:
             report = await self.observer.stop()
             log.info("run report: %s", report)
@@ -422,6 +435,33 @@ class Service:
             release_output_dir(self._lock)
             self._lock = None
         return report
+
+
+SHUTDOWN_BOUND_S = 45.0
+"""The most one shutdown phase may take: a dispatch stop waits for aborted requests to return, the
+servers' stop is SIGTERM then SIGKILL after their grace."""
+TRAINER_STOP_BOUND_S = 75.0
+"""The trainer's stop: at most 30 s asking every rank to shut down, then SIGTERM / SIGKILL graces."""
+
+
+async def _bounded(phase: str, aw: Awaitable[Any], bound_s: float | None = None) -> bool:
+    """Await one shutdown phase for at most ``bound_s`` (default ``SHUTDOWN_BOUND_S``); log how long
+    it took (INFO), or that it overran and was cancelled (WARNING), or how it failed (WARNING). True
+    when it finished in time."""
+    bound_s = SHUTDOWN_BOUND_S if bound_s is None else bound_s
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        await asyncio.wait_for(aw, bound_s)
+    except TimeoutError:
+        log.warning("shutdown: %s: not done after %.0f s; cancelled, going on", phase, bound_s)
+        return False
+    except Exception as e:  # a failed phase must not keep the next ones from running
+        log.warning("shutdown: %s failed after %.1f s (%s: %s); going on", phase, loop.time() - t0,
+                    type(e).__name__, e)
+        return False
+    log.info("shutdown: %s in %.1f s", phase, loop.time() - t0)
+    return True
 
 
 async def serve(cfg: RunConfig, host: str | None, port: int | None, live: bool, journal: bool = True,
