@@ -122,7 +122,7 @@ async def test_largest_incremental_response_and_cumulative_line_too_long(
         await cum.pd_decode("d", req("big-cum", LONG), handle)
     assert info.value.partial is not None and info.value.partial.finish_reason is FinishReason.ABORT
     assert list(info.value.partial.output_ids) == toks[:len(info.value.partial.output_ids)]
-    assert "big-cum" in (await state(cum, "d"))["abort_calls"]
+    assert wire_id("big-cum") in (await state(cum, "d"))["abort_calls"]
 
 
 async def test_decode_side_kv_failure_is_a_kv_transfer_error(engines: tuple[SglangEngine, SglangEngine]) -> None:
@@ -211,7 +211,7 @@ async def test_bad_streams_are_named_errors_with_the_request_aborted(
     with pytest.raises(ResponseShapeError, match="lacks output_ids") as shape:
         await inc.generate("c", req("shape-1", 4000))
     assert shape.value.partial is not None
-    assert "shape-1" in (await state(inc, "c"))["abort_calls"]
+    assert wire_id("shape-1") in (await state(inc, "c"))["abort_calls"]
     with pytest.raises(EngineError, match="out of range"):  # SGLang's error event, then [DONE]
         await inc.generate("c", req("valueerror-1", 4))
 
