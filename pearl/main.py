@@ -71,6 +71,7 @@ from pearl.core.state import ClusterState, Gpu, Zone
 from pearl.obs.logs import setup_logging
 from pearl.runtime.clock import Clock
 from pearl.runtime.node.agent import AgentClient, NodeAgent, RemoteEngine
+from pearl.runtime.node.wire import capabilities_from_dict, common_capabilities
 from pearl.tasks import cancel_and_wait
 
 log = logging.getLogger("pearl.main")
@@ -261,10 +262,11 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
         for n, c in clients.items():
             first[n] = h = await c.health()
             log.info("agent %s at %s: healthy (rank %s, cross-node PD: %s)", n, c.url, h["rank"], h.get("split_pd"))
+        caps = common_capabilities(capabilities_from_dict(h["capabilities"]) for h in first.values())  # type: ignore[arg-type]
         remote: list[RemoteEngine] = []
 
         def make_remote(node_of: Callable[[str], str]) -> RemoteEngine:
-            remote.append(RemoteEngine(clients, node_of))
+            remote.append(RemoteEngine(clients, node_of, caps))
             return remote[0]
 
         def lost_early(node: str, reason: str) -> None:  # during start-up: fail that node's launches at once
@@ -290,7 +292,7 @@ async def _run_controller(cfg: RunConfig, env: DistEnv, store: object, token: st
                           host=args.host, port=args.port, nodes=nodes, live=args.live, journal=not args.no_journal,
                           initial_state=state, steps=args.steps,
                           trainer_factory=_agent_trainer(cfg, state, clients, urls, env.world_size),
-                          pd_pair_node=None if all(h.get("split_pd") for h in first.values())
+                          pd_pair_node=None if caps.split_pd
                           else lambda w: remote[0].node_of_worker(w))
         rc = 0
         try:

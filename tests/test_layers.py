@@ -386,6 +386,86 @@ class Owner:
                      ("27", "function"), ("27", "after-construction")]
 
 
+# ------------------------------------------------------------------ identity and capabilities as fields
+#: names that hold a request's identity (a wire id, a conversation, a request id)
+ID_LIKE = ("rid", "conv", "request_id")
+#: the string methods that cut a string at a separator
+CUTS = frozenset({"split", "rsplit", "partition", "rpartition"})
+
+
+def _says(expr: ast.expr, words: tuple[str, ...]) -> bool:
+    return any(w in ast.unparse(expr).lower() for w in words)
+
+
+def _cuts_an_id(n: ast.AST) -> bool:
+    return (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in CUTS and bool(n.args)
+            and isinstance(n.args[0], ast.Constant) and n.args[0].value in ("#", "/")
+            and (n.args[0].value == "#" or _says(n.func.value, ID_LIKE)))
+
+
+def _looks_into_an_id(n: ast.AST) -> bool:
+    return (isinstance(n, ast.Compare) and isinstance(n.left, ast.Constant) and n.left.value in ("#", "/")
+            and any(isinstance(op, ast.In | ast.NotIn) for op in n.ops) and _says(n.comparators[0], ID_LIKE))
+
+
+def request_id_parsing(tree: ast.Module) -> list[int]:
+    """Lines that read identity back out of a request id: a cut at ``#`` (the attempt suffix) of
+    anything, a cut at ``/`` of an id-like name (``rid``, ``conv``), ``"#" in <id-like>``."""
+    return sorted(n.lineno for n in ast.walk(tree) if _cuts_an_id(n) or _looks_into_an_id(n))
+
+
+def capability_probing(tree: ast.Module) -> list[int]:
+    """Lines that ask an engine what it can do by probing it: ``getattr(<engine>, "name", ...)`` or
+    ``hasattr(<engine>, "name")`` with a literal name (the answer is ``engine.capabilities``)."""
+    return sorted(n.lineno for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+                  and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and _says(n.args[0], ("engine",)))
+
+
+def _scan(root: Path, find: object, skip: tuple[str, ...] = ()) -> list[str]:
+    hits = []
+    for path in source_files(root):
+        rel = path.relative_to(root)
+        if rel.parts[0] != "pearl" or str(rel).startswith(skip):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        hits += [f"{rel}:{line}" for line in find(tree)]  # type: ignore[operator]
+    return hits
+
+
+def test_nothing_parses_a_request_id() -> None:
+    bad = _scan(ROOT, request_id_parsing)
+    assert not bad, ("a request's identity is GenerateRequest.conversation / turn / attempt; read the fields, "
+                     "never the wire id:\n  " + "\n  ".join(bad))
+
+
+def test_the_runtime_asks_an_engine_its_capabilities() -> None:
+    bad = _scan(ROOT, capability_probing, skip=("pearl/engines/",))
+    assert not bad, ("ask engine.capabilities (pearl.engines.base.EngineCapabilities), never probe an engine "
+                     "for a method or attribute:\n  " + "\n  ".join(bad))
+
+
+def test_the_identity_and_capability_scans_find_what_they_forbid() -> None:
+    src = """
+def f(req, r, engine, ctrl, provider, m):
+    conv = req.rid.split("#", 1)[0]           # 3
+    traj, _, turn = conv.rpartition("/")      # 4
+    if "#" in r.rid:                          # 5
+        pass
+    busy = {rid.split("/", 1)[0] for rid in r}  # 7
+    a = provider.rsplit("/", 1)[-1]           # fine: not an id
+    b = m.split("/", 1)[-1]                   # fine: not an id
+    c = getattr(engine, "pd_prefill", None)   # 10
+    d = getattr(ctrl.engine, "replayed_parts", 0)  # 11
+    e = hasattr(engine, "broadcast_weights")  # 12
+    g = getattr(engine, name)                 # fine: a dispatch, not a probe
+    h = getattr(session, "aclose", None)      # fine: not an engine
+"""
+    tree = ast.parse(src)
+    assert request_id_parsing(tree) == [3, 4, 5, 7]
+    assert capability_probing(tree) == [10, 11, 12]
+
+
 def main() -> None:
     es = edges(ROOT)
     run_time = sorted({(e.src, e.dst) for e in es if not e.type_only})

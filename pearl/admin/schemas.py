@@ -19,8 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.json_schema import WithJsonSchema
 
-IDENT_PATTERN = r"^[A-Za-z0-9_:@+\-]+(\.[A-Za-z0-9_:@+\-]+)*$"
-IDENT_MAX = 128
+from pearl.core.ids import IDENT_MAX as IDENT_MAX  # the one rule for ids (pearl.core.ids)
+from pearl.core.ids import IDENT_PATTERN as IDENT_PATTERN
+
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=IDENT_MAX, pattern=IDENT_PATTERN)]
 
 #: A reclaim deadline further away than this is rejected (clouds give minutes, not days).

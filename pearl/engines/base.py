@@ -63,6 +63,42 @@ class ServerSpec:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+class PauseMode(StrEnum):
+    """What ``pause`` does to the requests in flight (one vocabulary; each adapter maps it to its
+    engine's own word: vLLM ``keep|abort|wait``, SGLang ``in_place|abort|retract``)."""
+
+    KEEP = "keep"  # freeze them where they are; ``resume`` continues them (SGLang ``in_place``)
+    ABORT = "abort"  # end them now: partial outputs return with ``finish_reason=abort``
+    RETRACT = "retract"  # put them back in the queue, KV freed; ``resume`` re-prefills them
+    WAIT = "wait"  # admit nothing new and let them finish
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCapabilities:
+    """What an engine can do, declared by the engine (``InferenceEngine.capabilities``) and read by
+    the runtime instead of probing for methods or reading names.
+
+    ``split_pd``: the two halves of a PD request run as separate calls (``pd_prefill`` returns a
+    handle, ``pd_decode`` takes it), so a pair may span two nodes. ``in_place_role_switch``:
+    ``set_role`` flips prefill <-> decode without a relaunch (the weights and the process stay).
+    ``weight_broadcast``: ``broadcast_weights`` / a trainer broadcast group can update the weights
+    without a snapshot on disk. ``pause_modes``: the ``PauseMode`` values ``pause`` accepts.
+    """
+
+    split_pd: bool = False
+    in_place_role_switch: bool = False
+    weight_broadcast: bool = False
+    pause_modes: frozenset[PauseMode] = frozenset({PauseMode.KEEP})
+
+    def check_pause(self, worker_id: str, mode: PauseMode) -> PauseMode:
+        """``mode`` as a ``PauseMode`` if declared; else ``EngineError`` naming the declared ones."""
+        m = PauseMode(mode)
+        if m not in self.pause_modes:
+            raise EngineError(worker_id, f"pause mode {m.value!r} is not supported by this engine "
+                                         f"(it declares {sorted(p.value for p in self.pause_modes)})")
+        return m
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_new_tokens: int
@@ -72,15 +108,42 @@ class SamplingParams:
     seed: int | None = None
 
 
+#: the characters ``GenerateRequest.rid`` puts between its fields (so none may be in a conversation id)
+_WIRE_SEPARATORS = frozenset("/#")
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """``rid`` is unique per attempt; ``input_ids`` is the full prompt (for a resumed request:
-    the original prompt followed by the partial output already generated)."""
+    """One generation call. Its identity is three fields: ``conversation`` (the trajectory id; the
+    prefix-cache key), ``turn`` (the turn of that conversation) and ``attempt`` (0 for the first
+    call of a turn, ``k`` for its ``k``-th resumption after an abort). ``input_ids`` is the full
+    prompt (for a resumed request: the original prompt followed by the partial output already
+    generated).
 
-    rid: str
+    ``rid`` is the wire id an engine's HTTP API is given, *formatted* from the three fields
+    (``<conversation>/<turn>``, then ``#<attempt>`` for ``attempt > 0``): unique per attempt.
+    Nothing reads identity back out of it; code that needs the conversation or turn reads the field.
+    """
+
+    conversation: str
     input_ids: tuple[int, ...]
     sampling: SamplingParams
     return_logprobs: bool = True
+    turn: int = 0
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.conversation or _WIRE_SEPARATORS & set(self.conversation):
+            raise ValueError(f"conversation {self.conversation!r}: must be non-empty without '/' or '#' "
+                             "(the wire id is formatted from it)")
+        if self.turn < 0 or self.attempt < 0:
+            raise ValueError(f"conversation {self.conversation!r}: turn={self.turn}, attempt={self.attempt} "
+                             "must both be >= 0")
+
+    @property
+    def rid(self) -> str:
+        base = f"{self.conversation}/{self.turn}"
+        return f"{base}#{self.attempt}" if self.attempt else base
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +284,14 @@ class InferenceEngine(Protocol):
         """Abort one request (``rid``) or every request on the worker (None)."""
         ...
 
-    async def pause(self, worker_id: str) -> None: ...
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What this engine can do (a wrapper declares what it forwards)."""
+        ...
+
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
+        """Pause generation on the worker; ``mode`` must be one of ``capabilities.pause_modes``."""
+        ...
 
     async def resume(self, worker_id: str) -> None: ...
 

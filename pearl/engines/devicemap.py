@@ -13,13 +13,17 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from pearl.engines.base import InferenceEngine, ServerSpec
+from pearl.engines.base import EngineCapabilities, InferenceEngine, ServerSpec
 
 
 class DeviceMappedEngine:
     def __init__(self, engine: InferenceEngine, device_map: Mapping[str, str]) -> None:
         self.inner = engine
         self.device_map = dict(device_map)
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self.inner.capabilities
 
     def physical(self, devices: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(self.device_map.get(d, d) for d in devices)

@@ -24,8 +24,8 @@ Scheduling choices (SGLang's defaults, written down here):
   worker's KV pool (so a running request never needs preemption); prefix-cache entries are evicted
   LRU to make room; otherwise it waits (FIFO). The pool is
   ``H_max = (tp * memory_gb * memory_utilization - weight_bytes) / kv_bytes_per_token``.
-* **Prefix cache.** Requests whose ``rid`` share the text before the first ``/`` are one
-  conversation (the pipeline names requests ``<traj_id>/<turn>#<attempt>``). A worker remembers
+* **Prefix cache.** Requests with one ``GenerateRequest.conversation`` (the trajectory id) are one
+  conversation. A worker remembers
   the last context it held per conversation; the next request of that conversation reuses
   ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
   (per role: ``EmulatorPhysics.prefix_reuse_colocated`` / ``prefix_reuse_prefill``, both defaulting
@@ -56,7 +56,7 @@ generator seeded by ``(seed, worker, kind, count)``): ``launch`` (preparation), 
 ``set_role``. Launch failures can be injected (``fail_next_launch``) to test all-or-nothing
 expansion.
 
-Resumed requests (``resume_prefill``): a request whose ``rid`` carries an ``#attempt`` suffix
+Resumed requests (``resume_prefill``): a request with ``attempt > 0``
 (``pearl.engines.resume.continuation_request``) resumes an interrupted one; its prompt is the
 original prompt plus the tokens already generated, and all of it that the new worker's prefix
 cache does not hold is prefilled again - work an uninterrupted request never does. The engine
@@ -95,12 +95,14 @@ import numpy as np
 from pearl.config import EmulatorSpec, HardwareSpec, ModelSpec, RunConfig
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     EngineStartError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    PauseMode,
     RequestTimings,
     ServerSpec,
 )
@@ -132,17 +134,18 @@ class _Stage(StrEnum):
 
 class _Req:
     __slots__ = (
-        "aborted", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
+        "aborted", "attempt", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
         "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "kv_wait_s", "max_new", "p_reserved",
         "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start", "prefilled", "queue_s", "reserved",
         "rid", "stage", "submit_t", "transfer_s", "version", "workers",
     )
 
-    def __init__(self, rid: str, input_ids: tuple[int, ...], max_new: int, pd: bool, now: float,
+    def __init__(self, req: GenerateRequest, max_new: int, pd: bool, now: float,
                  loop: asyncio.AbstractEventLoop) -> None:
-        self.rid = rid
-        self.conv = rid.split("/", 1)[0] if "/" in rid else rid.split("#", 1)[0]
-        self.input_ids = input_ids
+        self.rid = req.rid
+        self.conv = req.conversation
+        self.attempt = req.attempt
+        self.input_ids = req.input_ids
         self.max_new = max_new
         self.pd = pd
         self.cached = 0
@@ -231,6 +234,9 @@ class _Worker:
 class EmulatedEngine:
     """``InferenceEngine`` over simulated workers; all waiting goes through the injected clock."""
 
+    #: PD hands KV over within one engine only; a role change is in place (``role_switch_s``)
+    capabilities = EngineCapabilities(in_place_role_switch=True)
+
     def __init__(
         self,
         model: ModelSpec,
@@ -306,6 +312,10 @@ class EmulatedEngine:
         """The token this engine generates at position ``q`` of conversation ``conv`` (read by the
         invariant checker in ``pearl.reliability``: a token generated twice shifts positions)."""
         return self._tok[(zlib.crc32(conv.encode()) + q) % self.vocab]
+
+    def conversations_in_flight(self) -> frozenset[str]:
+        """The ``GenerateRequest.conversation`` of every in-flight request (read by fault injection)."""
+        return frozenset(r.conv for r in self._inflight.values())
 
     def request_stages(self) -> dict[str, tuple[str, tuple[str, ...]]]:
         """``rid -> (stage, workers)`` of every in-flight request (read by fault injection:
@@ -529,7 +539,7 @@ class EmulatedEngine:
             raise EngineError("-", f"request {req.rid}: max_new_tokens must be >= 1")
         if req.rid in self._inflight:
             raise EngineError("-", f"request id {req.rid!r} is already in flight; rids must be unique per attempt")
-        r = _Req(req.rid, req.input_ids, req.sampling.max_new_tokens, pd, self.clock.now(),
+        r = _Req(req, req.sampling.max_new_tokens, pd, self.clock.now(),
                  asyncio.get_running_loop())
         self._inflight[r.rid] = r
         return r
@@ -569,7 +579,7 @@ class EmulatedEngine:
             sp["decode_s"] += r.decode_s
             sp["transfer_bytes"] += r.input_len * self.costs.kv_bytes if r.transfer_s > 0 else 0.0
         self._gen_s[r.conv] = self._gen_s.get(r.conv, 0.0) + r.prefill_s + r.decode_s
-        if "#" in r.rid and r.prefill_s > 0:
+        if r.attempt > 0 and r.prefill_s > 0:
             self.resume_log.append((r.conv, r.prefilled, r.prefill_s, self._alone_prefill_s(r.prefilled, r.cached)))
         return GenerateResult(
             rid=r.rid, output_ids=out, logprobs=lps, finish_reason=reason, weight_version=r.version,
@@ -588,7 +598,7 @@ class EmulatedEngine:
             self._abort_worker(w)
         else:
             for r in list(self._inflight.values()):
-                if (r.rid == rid or r.rid.split("#")[0] == rid) and (worker_id in r.workers or r.d_worker == worker_id):
+                if r.rid == rid and (worker_id in r.workers or r.d_worker == worker_id):
                     self._abort(r)
 
     def _abort_worker(self, w: _Worker) -> None:
@@ -630,7 +640,8 @@ class EmulatedEngine:
         if not r.fut.done():
             r.fut.set_result(None)
 
-    async def pause(self, worker_id: str) -> None:
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
+        self.capabilities.check_pause(worker_id, mode)
         w = self._serving(worker_id)
         w.paused += 1
         w.poke()

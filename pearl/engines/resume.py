@@ -45,18 +45,15 @@ def continuation_request(
     """The request that resumes ``original`` after the partial ``parts``; None if nothing remains.
 
     ``input_ids' = input_ids + generated``, ``max_new_tokens' = max_new_tokens - len(generated)``;
-    the request id gets an ``#attempt`` suffix so the engine never confuses the two attempts.
+    ``attempt`` is the request's new ``attempt`` field (its wire id differs, so the engine never
+    confuses the two attempts).
     """
     if is_finished(original, parts):
         return None
     done = generated_tokens(parts)
     remaining = original.sampling.max_new_tokens - len(done)
-    return GenerateRequest(
-        rid=f"{original.rid.split('#')[0]}#{attempt}",
-        input_ids=original.input_ids + tuple(done),
-        sampling=replace(original.sampling, max_new_tokens=remaining),
-        return_logprobs=original.return_logprobs,
-    )
+    return replace(original, input_ids=original.input_ids + tuple(done), attempt=attempt,
+                   sampling=replace(original.sampling, max_new_tokens=remaining))
 
 
 def final_finish_reason(original: GenerateRequest, parts: Sequence[GenerateResult]) -> FinishReason:

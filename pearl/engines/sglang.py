@@ -53,20 +53,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
-import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
 
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     EngineProtocolError,
@@ -75,6 +74,7 @@ from pearl.engines.base import (
     GenerateRequest,
     GenerateResult,
     KVTransferError,
+    PauseMode,
     RequestRejectedError,
     RequestTimings,
     ResponseTooLargeError,
@@ -84,105 +84,27 @@ from pearl.engines.base import (
     WeightUpdateError,
     WeightVersionError,
 )
-from pearl.engines.child_server import ChildServer, race_death
+from pearl.engines.child_server import race_death
 from pearl.engines.http_engine import ABORT_TIMEOUT_S, HttpEngine
 from pearl.engines.sglang_events import FINISH, absorb, model_eos_ids, no_room, refused, request_seed
 from pearl.engines.sglang_events import SglangStream as _Stream
+from pearl.engines.sglang_server import MODE_OF_ROLE, ROLE_SWITCH_BACKENDS, SglangServer, SglangSettings
 from pearl.engines.sglang_weights import SendWeights, distributed_update
-from pearl.procutil import free_port
+
+# the server's settings and process live in ``sglang_server``; importing them from here keeps working
+__all__ = ["CAPACITY_BACKOFF_S", "CAPACITY_RETRIES", "CONTROL_TIMEOUT_S", "NO_WEIGHTS", "ROLE_SWITCH_BACKENDS",
+           "SglangEngine", "SglangServer", "SglangSettings"]
 
 log = logging.getLogger("pearl.engines.sglang")
 CONTROL_TIMEOUT_S = 300.0
 #: ``weight_version`` of a server whose weights were released without a CPU backup and not loaded since
 NO_WEIGHTS = -1
-#: SGLang's ``/health`` handler waits up to ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) for its one-token
-#: generation (``http_server.py``: ``HEALTH_CHECK_TIMEOUT``); a start-up poll gives it that and more
-HEALTH_POLL_TIMEOUT_S = 25.0
 #: a 503 abort without output is SGLang saying it has no room now (a full waiting queue, a decode
 #: server that could not reclaim KV): resent up to this many times, ``CAPACITY_BACKOFF_S * 2**i`` apart
 CAPACITY_RETRIES = 3
 CAPACITY_BACKOFF_S = 0.5
-MODE_OF_ROLE = {Role.COLOCATED: "null", Role.PREFILL: "prefill", Role.DECODE: "decode"}
-#: transfer backends whose SGLang KV manager implements ``/pd_role_switch`` (``supports_role_switch``)
-ROLE_SWITCH_BACKENDS = frozenset({"mooncake", "mori"})
-
-
-@dataclass(frozen=True, slots=True)
-class SglangSettings:
-    python: str = sys.executable
-    module: str = "sglang.launch_server"
-    #: ``fake`` moves no KV and serves only decode servers (SGLang refuses a fake prefill server)
-    transfer_backend: Literal["mooncake", "nixl", "mori", "fake"] = "nixl"
-    mem_fraction_static: float = 0.8
-    enable_memory_saver: bool = True
-    #: ``--enable-weights-cpu-backup``: ``release_memory`` keeps the weights in host memory and
-    #: ``resume_memory`` restores them; without it SGLang discards them (only buffers are kept) and
-    #: the server reports ``NO_WEIGHTS`` until a load
-    weights_cpu_backup: bool = True
-    enable_pd_role_switch: bool = False
-    #: a prefill -> decode switch captures decode CUDA graphs and SGLang wants their footprint (GB)
-    #: measured on a matching decode server; None: switches to decode relaunch instead
-    decode_cuda_graph_memory_gb: float | None = None
-    #: ``--enable-deterministic-inference``: without it SGLang ignores ``sampling_seed``
-    deterministic_inference: bool = False
-    #: events carry only new tokens (``--incremental-streaming-output``); False: SGLang's cumulative
-    incremental_streaming: bool = True
-    start_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
-    #: a cross-node prefill half (``pd_prefill``) not taken by a decode server within this is aborted
-    pd_prefill_timeout_s: float = 600.0
-    extra_args: tuple[str, ...] = ()
-    extra_env: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(kw_only=True)
-class SglangServer(ChildServer):
-    settings: SglangSettings
-    bootstrap_port: int = 0
-    #: released without a CPU backup and not loaded since: the parameters hold no version
-    weights_lost: bool = False
-    #: the ids SGLang stops on besides ``stop_token_ids`` (``model_eos_ids``)
-    eos_ids: frozenset[int] = frozenset()
-    kind = "SGLang server"
-    health_timeout_s = HEALTH_POLL_TIMEOUT_S
-
-    @property
-    def mode(self) -> str:
-        return MODE_OF_ROLE[self.spec.role]
-
-    def allocate_ports(self) -> None:
-        super().allocate_ports()
-        self.bootstrap_port = free_port(self.spec.host)
-
-    def command(self) -> list[str]:
-        s = self.settings
-        cmd = [s.python, "-m", s.module, "--model-path", self.spec.weights, "--host", self.spec.host,
-               "--port", str(self.port), "--tp-size", str(max(len(self.spec.devices), 1)),
-               "--mem-fraction-static", str(s.mem_fraction_static), "--skip-server-warmup",
-               "--weight-version", str(self.weight_version)]
-        if s.enable_memory_saver:
-            cmd.append("--enable-memory-saver")
-            if s.weights_cpu_backup:
-                cmd.append("--enable-weights-cpu-backup")
-        if s.incremental_streaming:
-            cmd.append("--incremental-streaming-output")
-        if s.deterministic_inference:
-            cmd.append("--enable-deterministic-inference")
-        if self.mode != "null":
-            cmd += ["--disaggregation-mode", self.mode, "--disaggregation-transfer-backend", s.transfer_backend,
-                    "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
-            if s.enable_pd_role_switch and s.transfer_backend in ROLE_SWITCH_BACKENDS:
-                cmd.append("--enable-pd-role-switch")
-        return cmd + list(s.extra_args)
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        gpus = [d for d in self.spec.devices if d.isdigit()]
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(dict(self.settings.extra_env))
-        return env
+#: ``/pause_generation``'s word for each ``PauseMode`` SGLang has
+_PAUSE_WORD = {PauseMode.KEEP: "in_place", PauseMode.RETRACT: "retract", PauseMode.ABORT: "abort"}
 
 
 class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
@@ -193,6 +115,16 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
     def __init__(self, run_dir: str | Path, settings: SglangSettings | None = None):
         super().__init__(run_dir, settings or SglangSettings())
         self._prefills: set[asyncio.Task[None]] = set()  # background halves of ``pd_prefill``
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """PD halves across nodes (bootstrap room), the trainer's broadcast group, SGLang's pause
+        modes; an in-place role switch where ``/pd_role_switch`` is enabled for a backend that has it."""
+        s = self.settings
+        return EngineCapabilities(
+            split_pd=True, weight_broadcast=True,
+            in_place_role_switch=s.enable_pd_role_switch and s.transfer_backend in ROLE_SWITCH_BACKENDS,
+            pause_modes=frozenset(_PAUSE_WORD))
 
     # ------------------------------------------------------------------------------ servers
     async def launch(self, spec: ServerSpec) -> None:
@@ -232,8 +164,9 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         for name in ([rid, f"{rid}.p"] if srv.mode == "prefill" and not rid.endswith(".p") else [rid]):
             await self._call(srv, "POST", "/abort_request", {"rid": name})
 
-    async def pause(self, worker_id: str, mode: Literal["in_place", "retract", "abort"] = "in_place") -> None:
-        await self._call(self._alive(worker_id), "POST", "/pause_generation", {"mode": mode})
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
+        m = self.capabilities.check_pause(worker_id, mode)
+        await self._call(self._alive(worker_id), "POST", "/pause_generation", {"mode": _PAUSE_WORD[m]})
 
     async def resume(self, worker_id: str) -> None:
         await self._call(self._alive(worker_id), "POST", "/continue_generation", {})
@@ -403,8 +336,9 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         return text
 
     # ------------------------------------------------------------------------------ generation
-    def _body(self, req: GenerateRequest, stream: bool, pd: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The ``/generate`` body. Under ``--enable-deterministic-inference`` SGLang samples an
+    def _body(self, req: GenerateRequest, stream: bool, pd: Mapping[str, Any] | None = None,
+              rid: str = "") -> dict[str, Any]:
+        """The ``/generate`` body (``rid``: a wire id other than the request's, the prefill half's ``<rid>.p``). Under ``--enable-deterministic-inference`` SGLang samples an
         unseeded request with seed 42 (``sampling_batch_info.py``), so every member of a GRPO group
         would draw the same tokens: an unseeded request gets ``request_seed(rid)`` instead."""
         s = req.sampling
@@ -414,9 +348,9 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         if s.seed is not None:
             sp["sampling_seed"] = s.seed
         elif self.settings.deterministic_inference:
-            sp["sampling_seed"] = request_seed(req.rid)
+            sp["sampling_seed"] = request_seed(rid or req.rid)
         body: dict[str, Any] = {"input_ids": list(req.input_ids), "sampling_params": sp,
-                                "return_logprob": req.return_logprobs, "rid": req.rid, "stream": stream}
+                                "return_logprob": req.return_logprobs, "rid": rid or req.rid, "stream": stream}
         if pd:
             body.update(pd)
         return body
@@ -517,7 +451,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
         prefill_done: list[float] = []
 
         async def prefill() -> None:
-            await self._run(p, self._body(replace(req, rid=f"{req.rid}.p"), stream=False, pd=pd), _Stream())
+            await self._run(p, self._body(req, stream=False, pd=pd, rid=f"{req.rid}.p"), _Stream())
             prefill_done.append(time.perf_counter() - t0)
 
         ptask = asyncio.create_task(prefill())
@@ -582,7 +516,7 @@ class SglangEngine(HttpEngine[SglangServer, SglangSettings]):
             raise EngineError(prefill_id, f"request {req.rid}: max_new_tokens must be >= 1")
         pd = self._bootstrap(p)
         rid = f"{req.rid}.p"
-        body = self._body(replace(req, rid=rid), stream=False, pd=pd)
+        body = self._body(req, stream=False, pd=pd, rid=rid)
 
         async def prefill() -> None:
             try:

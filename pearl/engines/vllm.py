@@ -47,12 +47,14 @@ from pearl.core.state import Role
 from pearl.core.trajectory import MISSING_LOGPROB
 from pearl.dtypes import dtype_on_this_host
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     FinishReason,
     GenerateRequest,
     GenerateResult,
     KVTransferError,
+    PauseMode,
     RequestTimings,
     ServerSpec,
 )
@@ -92,6 +94,13 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
         super().__init__(run_dir, settings or VllmSettings())
         self.kv_mode: KvMode = kv_mode
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """PD halves across nodes (NIXL), the gloo weight broadcast, vLLM's three pause modes; a role
+        change is in place only with ``kv_mode="both"`` (``per_role`` relaunches)."""
+        return EngineCapabilities(split_pd=True, in_place_role_switch=self.kv_mode == "both", weight_broadcast=True,
+                                  pause_modes=frozenset({PauseMode.KEEP, PauseMode.ABORT, PauseMode.WAIT}))
+
     @staticmethod
     def from_config(spec: Any, run_dir: str | Path, kv_mode: KvMode = "per_role") -> VllmEngine:
         """From ``pearl.config.EngineSpec`` (max_model_len, kv_cache_gib, threads_per_server,
@@ -127,10 +136,11 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
         ids = [] if rid is None else [f"cmpl-{rid}-0", f"cmpl-{rid}"]
         await self._post(srv, "/abort_requests", {"request_ids": ids})
 
-    async def pause(self, worker_id: str, mode: Literal["keep", "abort", "wait"] = "keep") -> None:
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
         """``keep``: freeze in-flight requests until ``resume``; ``abort``: end them (partial outputs
         return with ``finish_reason=abort``); ``wait``: let them finish first."""
-        await self._post(self._alive(worker_id), "/pause", params={"mode": mode})
+        m = self.capabilities.check_pause(worker_id, mode)
+        await self._post(self._alive(worker_id), "/pause", params={"mode": m.value})
 
     async def resume(self, worker_id: str) -> None:
         await self._post(self._alive(worker_id), "/resume")
@@ -222,12 +232,14 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
         self.last_role_change_s = time.monotonic() - t0
 
     # ------------------------------------------------------------------------------ generation
-    def _body(self, req: GenerateRequest, max_tokens: int, kv_params: dict[str, Any] | None) -> dict[str, Any]:
+    def _body(self, req: GenerateRequest, max_tokens: int, kv_params: dict[str, Any] | None,
+              rid: str = "") -> dict[str, Any]:
+        """The completion body; ``rid`` overrides the request's wire id (the prefill half's ``<rid>.p``)."""
         s = req.sampling
         body: dict[str, Any] = {
             "model": SERVED_MODEL_NAME, "prompt": list(req.input_ids), "max_tokens": max_tokens,
             "temperature": s.temperature, "top_p": s.top_p, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True, "request_id": req.rid,
+            "stream_options": {"include_usage": True}, "return_token_ids": True, "request_id": rid or req.rid,
             "skip_special_tokens": False, "include_stop_str_in_output": True,
         }
         if req.return_logprobs:
@@ -338,9 +350,9 @@ class VllmEngine(HttpEngine[VllmServer, VllmSettings]):
             raise EngineError(prefill_id, f"request {req.rid}: max_new_tokens must be >= 1")
         pst = _Stream()
         t0 = time.perf_counter()
-        pbody = self._body(replace(req, rid=f"{req.rid}.p", return_logprobs=False), 1,
+        pbody = self._body(replace(req, return_logprobs=False), 1,
                            {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                            "remote_block_ids": None, "remote_host": None, "remote_port": None})
+                            "remote_block_ids": None, "remote_host": None, "remote_port": None}, rid=f"{req.rid}.p")
         pbody["stream"] = False
         del pbody["stream_options"]
         normal = await self._run(p, pbody, pst)

@@ -240,10 +240,9 @@ class _Driver:
         deadline = self.clock.now() + self.phase_wait_s
         while self.clock.now() < deadline:
             pre = set(self._preemptible_workers())
-            busy = {rid.split("/", 1)[0] for rid in self.inner.request_stages()}
+            busy = self.inner.conversations_in_flight()
             cands = []
-            for conv, atts in self.engine.attempts.items():
-                traj = conv.split("/", 1)[0]
+            for (traj, _turn), atts in self.engine.attempts.items():
                 if traj in busy or traj in self.checker.delivered or not atts:
                     continue
                 if finished_normally(atts[-1]) and atts[-1].worker in pre:

@@ -41,6 +41,7 @@ from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     EngineStartError,
@@ -49,6 +50,7 @@ from pearl.engines.base import (
     GenerateResult,
     InferenceEngine,
     KVTransferError,
+    PauseMode,
     ServerSpec,
 )
 
@@ -91,7 +93,7 @@ class ChaosEngine:
         self.dead: set[str] = set()
         self.devices: dict[str, tuple[str, ...]] = {}  # live worker -> devices
         self.device_conflicts: list[str] = []
-        self.attempts: dict[str, list[Attempt]] = {}  # conversation "<traj>/<turn>" -> attempts
+        self.attempts: dict[tuple[str, int], list[Attempt]] = {}  # (conversation, turn) -> attempts
         self.fresh: set[str] = set()  # launched, weights not yet loaded (next load = finalization)
         self.injected: dict[str, int] = {}
         self.on_call = on_call
@@ -99,6 +101,10 @@ class ChaosEngine:
 
     def __getattr__(self, name: str) -> Any:  # engine extras (reconfig_log, events, ...) pass through
         return getattr(self.inner, name)
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self.inner.capabilities
 
     def _count(self, kind: str) -> None:
         self.injected[kind] = self.injected.get(kind, 0) + 1
@@ -173,7 +179,7 @@ class ChaosEngine:
                         call: Callable[[], Any]) -> GenerateResult:
         for w in workers:
             self._check_alive(w)
-        conv = req.rid.split("#", 1)[0]
+        conv = (req.conversation, req.turn)
         signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for w in workers:
             self._calls.setdefault(w, {})[req.rid] = signal
@@ -199,7 +205,7 @@ class ChaosEngine:
         self._log(conv, Attempt(req.rid, len(req.input_ids), res.output_ids, res.finish_reason.value, workers[0]))
         return res
 
-    def _log(self, conv: str, a: Attempt) -> None:
+    def _log(self, conv: tuple[str, int], a: Attempt) -> None:
         self.attempts.setdefault(conv, []).append(a)
 
     async def generate(self, worker_id: str, req: GenerateRequest) -> GenerateResult:
@@ -213,7 +219,7 @@ class ChaosEngine:
             self._check_alive(decode_id)
             self.armed.kv_transfer -= 1
             self._count("kv_transfer_failure")
-            self._log(req.rid.split("#", 1)[0],
+            self._log((req.conversation, req.turn),
                       Attempt(req.rid, len(req.input_ids), (), "error", prefill_id, "KVTransferError", False))
             raise KVTransferError(decode_id, f"decode worker refused the KV transfer of {req.rid} (injected)")
         return await self._generate((prefill_id, decode_id), req,
@@ -222,9 +228,9 @@ class ChaosEngine:
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
         await self.inner.abort(worker_id, rid)
 
-    async def pause(self, worker_id: str) -> None:
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
         self._check_alive(worker_id)
-        await self.inner.pause(worker_id)
+        await self.inner.pause(worker_id, mode)
 
     async def resume(self, worker_id: str) -> None:
         await self.inner.resume(worker_id)

@@ -175,7 +175,7 @@ class InvariantChecker:
             self._attempts(r, turn)
 
     def _attempts(self, r: TrajectoryRecord, turn: int) -> None:
-        atts = self.engine.attempts.get(f"{r.traj_id}/{turn}", [])
+        atts = self.engine.attempts.get((r.traj_id, turn), [])
         if not atts:
             return
         base = atts[0].input_len

@@ -28,13 +28,22 @@ from typing import Any
 
 from pearl.config import RunConfig, load_config
 from pearl.core.state import Role
-from pearl.engines.base import FinishReason, GenerateRequest, GenerateResult, ServerSpec
+from pearl.engines.base import (
+    EngineCapabilities,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    ServerSpec,
+)
 from pearl.runtime.clock import LoopClock, run_virtual
 
 
 class InstantEngine:
     """An ``InferenceEngine`` with no cost at all: every request returns its whole budget at once
     (token ids 1, logprob 0). Only for measuring the control plane's own CPU."""
+
+    capabilities = EngineCapabilities(in_place_role_switch=True)
 
     def __init__(self) -> None:
         self.requests = 0
@@ -68,8 +77,8 @@ class InstantEngine:
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
         return None
 
-    async def pause(self, worker_id: str) -> None:
-        return None
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
+        self.capabilities.check_pause(worker_id, mode)
 
     async def resume(self, worker_id: str) -> None:
         return None

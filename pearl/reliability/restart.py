@@ -39,6 +39,7 @@ from pearl.config import RunConfig
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.runtime.journal import Journal
+from pearl.runtime.journal_replay import JournaledEngine
 
 
 def restart_config(seed: int = 0) -> RunConfig:
@@ -118,9 +119,10 @@ async def _run(cfg: RunConfig, journal_path: str, stop_after: int | None, on_bat
         await trainer.stop()
         if app is not None:
             app.settle()
-        stats = {"replayed_parts": getattr(ctrl.engine, "replayed_parts", 0),
-                 "replayed_tokens": getattr(ctrl.engine, "replayed_tokens", 0),
-                 "replay_mismatches": getattr(ctrl.engine, "replay_mismatches", 0),
+        replay = ctrl.engine if isinstance(ctrl.engine, JournaledEngine) else None
+        stats = {"replayed_parts": replay.replayed_parts if replay else 0,
+                 "replayed_tokens": replay.replayed_tokens if replay else 0,
+                 "replay_mismatches": replay.replay_mismatches if replay else 0,
                  "first_batch": ctrl.pipeline.first_batch, "start_version": version,
                  "events_replayed": replayed.get("replayed", 0),
                  "gpus": sorted(g["gpu_id"] for g in ctrl.state_dict()["gpus"])}

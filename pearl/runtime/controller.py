@@ -33,7 +33,7 @@ Wiring: every hook is given to a constructor. The pipeline's ``PipelineHooks`` a
 Controller's own methods (batch start: the batch forecast; batch done: refit; worker failed: the
 Elastic Scheduler re-plans; trajectory done: the journal, then ``on_trajectory_done``); the
 executor's state listeners are the journal's ``record_state`` and ``state_listeners``; a journal's
-recovered run reaches the pipeline as its ``Resume`` (``journal.attach``).
+recovered run reaches the pipeline as its ``Resume`` (``journal_replay.attach``).
 
 Initial cluster (``initial_state``): reserved GPUs ``r0..`` and training (overlap) GPUs
 ``t0..``, ``cluster.gpus_per_node`` per node. Preemptible GPUs arrive by ``GpusGranted`` with the
@@ -68,8 +68,9 @@ from pearl.runtime.control import Progress, SubmitResult, UnknownResourceError
 from pearl.runtime.door import EventDoor
 from pearl.runtime.elastic import ElasticScheduler
 from pearl.runtime.executor import PlanExecutor
-from pearl.runtime.journal import Journal, JournaledEngine, JournalHooks, RecoveredRun, restart_state
-from pearl.runtime.journal import attach as attach_journal
+from pearl.runtime.journal import Journal, RecoveredRun
+from pearl.runtime.journal_replay import JournaledEngine, JournalHooks, restart_state
+from pearl.runtime.journal_replay import attach as attach_journal
 from pearl.runtime.pipeline import PipelineHooks, PipelineScheduler, Resume
 from pearl.runtime.rebuilder import ClusterRebuilder
 from pearl.runtime.router import Router

@@ -9,7 +9,10 @@ One ``admit`` does, in this order, under one lock:
 2. the journal's health: a faulted journal (disk full, I/O error) -> ``JournalUnavailable``
    naming the cause (the admin API answers 503; nothing is acknowledged that is not durable);
 3. ``build`` the typed event (an instance lookup may raise ``UnknownResourceError``) and the
-   caller's ``check`` (the admin API's policy);
+   caller's ``check`` (the admin API's policy); every id it carries (the client's event id, GPU,
+   node, instance and notice ids) must follow ``pearl.core.ids`` (no path separator, no ``..``:
+   worker ids and folders are built from them), whichever source sent it, else
+   ``EventRefused("invalid_id")`` naming the field;
 4. **reclaim identity**: a ``ReclaimNotice`` gets its ``ReclaimKey`` = (the instance it names, else
    its GPUs; the generation of the grant that brought them). A notice for a live key *tightens* the
    reclaim: the deadline is the earliest given, and it is never a duplicate. A key whose GPUs were
@@ -51,6 +54,7 @@ from pearl.core.events import (
     TrainingFinished,
     TrainingStarted,
 )
+from pearl.core.ids import ident_problem
 from pearl.runtime.control import SubmitResult, UnknownResourceError
 from pearl.runtime.journal import EventStatus, Journal, JournaledEvent
 
@@ -58,8 +62,8 @@ log = logging.getLogger("pearl.door")
 
 
 class EventRefused(ValueError):
-    """The door refused an event (``code``: ``idempotency_conflict`` or ``notice_conflict``;
-    ``field``: the field at fault)."""
+    """The door refused an event (``code``: ``idempotency_conflict``, ``notice_conflict`` or
+    ``invalid_id``; ``field``: the field at fault)."""
 
     def __init__(self, code: str, field: str, message: str) -> None:
         super().__init__(message)
@@ -241,6 +245,10 @@ class EventDoor:
             return Admission(False, True, eid, a.kind.value, (), f"reclaim {done.label} already done")
         if a.check is not None:
             a.check(event)
+        for what, value in _event_ids(event, a.event_id):
+            problem = ident_problem(what, value)
+            if problem is not None:
+                raise EventRefused("invalid_id", what, problem)
         event, note = self._identify(event, a.target)
         body = self._body(event)
         status: EventStatus = "accepted" if isinstance(event, GpusGranted | ReclaimNotice) else "done"
@@ -410,6 +418,19 @@ def _gpu_list(ev: JournaledEvent) -> list[str]:
     if ev.kind == EventKind.GPUS_GRANTED.value:
         return [str(g["gpu_id"]) for g in ev.body.get("gpus", [])]
     return [str(g) for g in ev.body.get("gpu_ids", [])]
+
+
+def _event_ids(event: ElasticEvent, client_id: str) -> list[tuple[str, str]]:
+    """``(field, id)`` of every outside id ``event`` carries (``client_id``: the caller's event id)."""
+    out = [("event_id", client_id)] if client_id else []
+    if isinstance(event, GpusGranted):
+        for g in event.gpus:
+            out += [("gpu_id", g.gpu_id), ("node", g.node)] + ([("instance_id", g.instance_id)] if g.instance_id else [])
+    elif isinstance(event, ReclaimNotice):
+        out += [("gpu_ids", g) for g in event.gpu_ids] + ([("notice_id", event.notice_id)] if event.notice_id else [])
+    elif isinstance(event, NoticeCancelled):
+        out.append(("notice_id", event.notice_id))
+    return out
 
 
 def _event_gpus(event: ElasticEvent) -> tuple[str, ...]:

@@ -33,7 +33,8 @@ a locked file) is retried with back-off, in order, and ``Journal.fault`` names t
 (``/healthz`` and ``/v1/progress`` show it); the run goes on, its writes wait in memory, and they
 land, in order, once the disk takes them again.
 
-How the controller uses it (``Controller(..., journal=Journal(path))``, wired by ``attach``):
+How the controller uses it (``Controller(..., journal=Journal(path))``, wired by
+``pearl.runtime.journal_replay``: ``attach`` and ``JournaledEngine``):
 
 * writes: every generation result passes ``JournaledEngine`` (the runtime's engine is wrapped)
   and is journaled as a part of its ``(trajectory, turn)`` before the pipeline sees it - normal,
@@ -82,16 +83,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pearl.core.trajectory import Segment, TrajectoryRecord, TrajectoryStatus
+from pearl.core.trajectory import TrajectoryRecord
 from pearl.runtime.clock import hold_time
+from pearl.runtime.journal_records import (  # the stored values are part of this module's API
+    EventStatus,
+    JournaledEvent,
+    PartialOutput,
+    RecoveredRun,
+    record_from_json,
+    record_to_json,
+)
 
-if TYPE_CHECKING:
-    from pearl.core.state import ClusterState
+__all__ = ["EventStatus", "Journal", "JournalError", "JournaledEvent", "PartialOutput", "RecoveredRun",
+           "first_unconsumed_batch", "record_from_json", "record_to_json"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -130,12 +139,6 @@ CREATE INDEX IF NOT EXISTS events_notice ON events(notice_id);
 CREATE INDEX IF NOT EXISTS events_seq ON events(seq);
 """
 
-#: ``events.status``: ``accepted`` (journaled, answered 202, replayed after a restart), ``done``
-#: (nothing left to replay: a notice whose GPUs are gone, a grant whose GPUs are in the table, a
-#: training event), ``cancelled`` (a notice withdrawn by ``NoticeCancelled``)
-EventStatus = Literal["accepted", "done", "cancelled"]
-
-
 log = logging.getLogger("pearl.journal")
 T = TypeVar("T")
 
@@ -168,102 +171,6 @@ class _Job:
 
 class JournalError(RuntimeError):
     """The journal file could not be opened or is not a PEARL journal; names the path and what to do."""
-
-
-@dataclass(frozen=True, slots=True)
-class PartialOutput:
-    """One journaled response part of an in-flight trajectory (an aborted request's output)."""
-
-    traj_id: str
-    turn: int
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    weight_version: int
-    seq: int = 0
-    input_len: int = -1  # prompt length the part was generated on (-1: unknown)
-    finished: bool = False  # the request ended normally with this part (the turn's output is complete)
-
-    def segment(self) -> Segment:
-        return Segment(
-            token_ids=self.tokens, trained=True, logprobs=self.logprobs, weight_version=self.weight_version,
-            turn=self.turn,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class JournaledEvent:
-    """One elastic event the admin API accepted (``Journal.record_event``).
-
-    ``body``: the event as JSON-able data, deadlines as wall-clock POSIX seconds (a restarted
-    controller's clock has another origin); ``digest``: the request's payload digest (same id with
-    another digest is an idempotency conflict); ``notice_id``: a reclaim notice's id (one notice
-    per id)."""
-
-    event_id: str
-    kind: str
-    digest: str
-    status: str
-    body: Mapping[str, Any]
-    notice_id: str | None = None
-    seq: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveredRun:
-    """What a restarted controller gets back.
-
-    ``completed``: every completed trajectory in completion order; ``consumed``: the ids of those the
-    trainer already took; ``partials``: per in-flight trajectory, its parts in write order;
-    ``state``: the last journaled ``ClusterState.to_dict()`` (None if never written).
-    """
-
-    completed: tuple[TrajectoryRecord, ...]
-    partials: Mapping[str, tuple[PartialOutput, ...]]
-    state: dict[str, Any] | None
-    consumed: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def unconsumed(self) -> tuple[TrajectoryRecord, ...]:
-        """Completed trajectories the trainer has not taken yet (re-queue these, do not regenerate)."""
-        return tuple(r for r in self.completed if r.traj_id not in self.consumed)
-
-    @property
-    def partial_tokens(self) -> int:
-        return sum(len(p.tokens) for ps in self.partials.values() for p in ps)
-
-
-# ------------------------------------------------------------------------------ serialization
-def record_to_json(rec: TrajectoryRecord) -> str:
-    """``TrajectoryRecord`` -> JSON text (floats round-trip exactly; ``info`` values via ``str`` if
-    they are not JSON types)."""
-    body = {
-        "traj_id": rec.traj_id,
-        "group_id": rec.group_id,
-        "reward": rec.reward,
-        "status": rec.status.value,
-        "info": dict(rec.info),
-        "segments": [
-            {"t": list(s.token_ids), "tr": s.trained, "lp": list(s.logprobs), "v": s.weight_version, "turn": s.turn}
-            for s in rec.segments
-        ],
-    }
-    return json.dumps(body, separators=(",", ":"), default=str)
-
-
-def record_from_json(text: str) -> TrajectoryRecord:
-    d = json.loads(text)
-    return TrajectoryRecord(
-        traj_id=d["traj_id"],
-        group_id=d["group_id"],
-        segments=tuple(
-            Segment(token_ids=tuple(s["t"]), trained=s["tr"], logprobs=tuple(s["lp"]), weight_version=s["v"],
-                    turn=s["turn"])
-            for s in d["segments"]
-        ),
-        reward=d["reward"],
-        status=TrajectoryStatus(d["status"]),
-        info=MappingProxyType(d["info"]),
-    )
 
 
 # ------------------------------------------------------------------------------------ journal
@@ -668,141 +575,6 @@ class Journal:
         return self._sync(self._counts, "counts")
 
 
-# ------------------------------------------------------------------------------ restart wiring
-class JournaledEngine:
-    """Journals every generation result at the engine boundary and replays recovered parts.
-
-    Every result the runtime receives (normal, aborted, or the partial carried by
-    ``EngineDeadError`` / ``KVTransferError``) is written with ``record_partial`` before the runtime
-    sees it. After a restart, a request for turn ``k`` of a trajectory whose parts were journaled
-    is answered from the journal, one part per attempt and in order, as long as the request's
-    prompt length is the one the part was generated on: an unfinished part comes back with
-    ``finish_reason=abort`` (the pipeline then sends the continuation: prompt + part, remaining
-    budget), the finished one with ``length``. So a restarted trajectory replays its journaled
-    tokens (with their logprobs and weight versions) and generates only what was never generated.
-    A length mismatch (the context diverged, e.g. a non-deterministic environment) drops that
-    turn's replay and generates afresh.
-    """
-
-    def __init__(self, inner: Any, journal: Journal, partials: Mapping[str, Sequence[PartialOutput]]) -> None:
-        self.inner = inner
-        self.journal = journal
-        self._replay: dict[str, list[PartialOutput]] = {}
-        for ps in partials.values():
-            for p in ps:
-                self._replay.setdefault(f"{p.traj_id}/{p.turn}", []).append(p)
-        self.replayed_parts = 0
-        self.replayed_tokens = 0
-        self.replay_mismatches = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @staticmethod
-    def _key(rid: str) -> tuple[str, str, int] | None:
-        conv = rid.split("#", 1)[0]
-        traj, _, turn = conv.rpartition("/")
-        return (conv, traj, int(turn)) if traj and turn.isdigit() else None
-
-    def _replayed(self, worker_id: str, req: Any) -> Any:
-        from pearl.engines.base import FinishReason, GenerateResult
-
-        key = self._key(req.rid)
-        if key is None:
-            return None
-        queue = self._replay.get(key[0])
-        if not queue:
-            return None
-        p = queue[0]
-        if p.input_len not in (-1, len(req.input_ids)) or len(p.tokens) > req.sampling.max_new_tokens:
-            self.replay_mismatches += 1
-            self._replay.pop(key[0], None)
-            return None
-        queue.pop(0)
-        self.replayed_parts += 1
-        self.replayed_tokens += len(p.tokens)
-        return GenerateResult(rid=req.rid, output_ids=p.tokens, logprobs=p.logprobs,
-                              finish_reason=FinishReason.LENGTH if p.finished else FinishReason.ABORT,
-                              weight_version=p.weight_version, prompt_tokens=len(req.input_ids),
-                              worker_id=worker_id)
-
-    def _journal(self, req: Any, res: Any, finished: bool) -> None:
-        """Queue the part on the journal's writer thread (in order; the loop does not wait)."""
-        key = self._key(req.rid)
-        if key is not None and res is not None:
-            j, n_in = self.journal, len(req.input_ids)
-            j.post(lambda: j.record_partial(key[1], key[2], res.output_ids, res.logprobs, res.weight_version,
-                                            input_len=n_in, finished=finished), f"partial of {key[1]}")
-
-    async def _call(self, worker_id: str, req: Any, call: Any) -> Any:
-        from pearl.engines.base import EngineDeadError, EngineProtocolError, FinishReason, KVTransferError
-
-        res = self._replayed(worker_id, req)
-        if res is not None:
-            return res
-        try:
-            res = await call()
-        except (EngineDeadError, KVTransferError, EngineProtocolError) as e:
-            self._journal(req, e.partial, False)
-            raise
-        self._journal(req, res, res.finish_reason is not FinishReason.ABORT)
-        return res
-
-    async def generate(self, worker_id: str, req: Any) -> Any:
-        return await self._call(worker_id, req, lambda: self.inner.generate(worker_id, req))
-
-    async def generate_pd(self, prefill_id: str, decode_id: str, req: Any) -> Any:
-        return await self._call(prefill_id, req, lambda: self.inner.generate_pd(prefill_id, decode_id, req))
-
-    # the rest of the InferenceEngine contract, delegated as is
-    async def launch(self, spec: Any) -> None:
-        await self.inner.launch(spec)
-
-    async def stop(self, worker_id: str) -> None:
-        await self.inner.stop(worker_id)
-
-    async def healthy(self, worker_id: str) -> bool:
-        return bool(await self.inner.healthy(worker_id))
-
-    async def abort(self, worker_id: str, rid: str | None = None) -> None:
-        await self.inner.abort(worker_id, rid)
-
-    async def pause(self, worker_id: str) -> None:
-        await self.inner.pause(worker_id)
-
-    async def resume(self, worker_id: str) -> None:
-        await self.inner.resume(worker_id)
-
-    async def load_weights(self, worker_id: str, path: str, version: int) -> None:
-        await self.inner.load_weights(worker_id, path, version)
-
-    async def weight_version(self, worker_id: str) -> int:
-        return int(await self.inner.weight_version(worker_id))
-
-    async def release_memory(self, worker_id: str) -> None:
-        await self.inner.release_memory(worker_id)
-
-    async def resume_memory(self, worker_id: str) -> None:
-        await self.inner.resume_memory(worker_id)
-
-    async def set_role(self, worker_id: str, role: Any) -> None:
-        await self.inner.set_role(worker_id, role)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-def restart_state(journaled: Mapping[str, Any]) -> Any:
-    """The cluster a restarted controller starts from: every GPU of the journaled table (a
-    preemptible GPU granted before the crash is still ours: the cloud will not grant it again),
-    no workers (their servers died with the controller; the start-up re-plan launches new ones),
-    nothing lent (the trainer re-lends after its next step)."""
-    from pearl.core.state import ClusterState, Gpu
-
-    st = ClusterState.from_dict(journaled)
-    return ClusterState.build([Gpu(g.gpu_id, g.zone, g.node, g.instance_id, False) for g in st.gpus.values()])
-
-
 def first_unconsumed_batch(consumed: Iterable[str], batch_size: int) -> int:
     """The first rollout batch ``r`` whose ``batch_size`` trajectories (ids ``b<r>-g<g>-s<s>``)
     were not all consumed by the trainer; batches before it are never run again."""
@@ -815,32 +587,3 @@ def first_unconsumed_batch(consumed: Iterable[str], batch_size: int) -> int:
     while per.get(r, 0) >= batch_size:
         r += 1
     return r
-
-
-@dataclass(frozen=True, slots=True)
-class JournalHooks:
-    """What a controller wires from a journal (``attach``): ``record_state`` for the executor's
-    state listeners, ``record_trajectory`` for the pipeline's completions (both queued on the
-    writer thread; the trajectory's future completes once it is on disk), and where the recovered
-    run resumes (``completed``: trajectory id -> record, handed on as journaled; ``first_batch``)."""
-
-    record_state: Callable[[ClusterState], None]
-    record_trajectory: Callable[[TrajectoryRecord], Future[bool]]
-    completed: Mapping[str, TrajectoryRecord]
-    first_batch: int
-
-
-def attach(journal: Journal, state: ClusterState, run: RecoveredRun, batch_size: int) -> JournalHooks:
-    """Record the starting ``state`` in ``journal`` and return the hooks that keep it current and
-    restore the recovered ``run``: state changes, completions, the resume point."""
-    journal.record_state(state.to_dict())
-
-    def record_state(st: ClusterState) -> None:
-        body = st.to_dict()
-        journal.post(lambda: journal.record_state(body), "cluster state")
-
-    def record_trajectory(rec: TrajectoryRecord) -> Future[bool]:
-        return journal.post(lambda: journal.record_trajectory(rec), f"trajectory {rec.traj_id}")
-
-    return JournalHooks(record_state, record_trajectory,
-                        {r.traj_id: r for r in run.unconsumed}, first_unconsumed_batch(run.consumed, batch_size))

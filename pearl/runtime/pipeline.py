@@ -462,8 +462,8 @@ class PipelineScheduler:
 
     async def _turn(self, t: _Traj, turn: int, ctx: TokenContext, budget: int
                     ) -> tuple[list[GenerateResult], TelemetryRecord]:
-        original = GenerateRequest(f"{t.spec.traj_id}/{turn}", ctx,  # type: ignore[arg-type]
-                                   SamplingParams(max_new_tokens=budget))
+        original = GenerateRequest(t.spec.traj_id, ctx, SamplingParams(max_new_tokens=budget),  # type: ignore[arg-type]
+                                   turn=turn)
         parts: list[GenerateResult] = []
         attempt = 0
         queue = prefill = transfer = decode = 0.0
@@ -522,7 +522,7 @@ class PipelineScheduler:
                 if t.status is TrajectoryStatus.RUNNING:
                     t.move(TrajectoryStatus.INTERRUPTED)
             req = (continuation_request(original, parts, attempt) if parts
-                   else replace(original, rid=f"{original.rid}#{attempt}"))
+                   else replace(original, attempt=attempt))
             if req is not None and t.status is TrajectoryStatus.INTERRUPTED:
                 t.move(TrajectoryStatus.RUNNING)
         if t.status is TrajectoryStatus.INTERRUPTED:

@@ -147,8 +147,8 @@ class HangingAgent:
         return None
 
 
-def req(rid: str) -> GenerateRequest:
-    return GenerateRequest(rid, (1, 2, 3), SamplingParams(max_new_tokens=4))
+def req(turn: int) -> GenerateRequest:
+    return GenerateRequest("t", (1, 2, 3), SamplingParams(max_new_tokens=4), turn=turn)
 
 
 async def test_a_lost_node_fails_its_in_flight_calls_at_once_and_refuses_new_ones() -> None:
@@ -156,7 +156,7 @@ async def test_a_lost_node_fails_its_in_flight_calls_at_once_and_refuses_new_one
     eng = RemoteEngine(agents, node_of=lambda g: {"g0": "node0", "g1": "node1"}[g])  # type: ignore[arg-type]
     await eng.launch(ServerSpec("w0", ("g0",), Role.COLOCATED, weights="v0"))
     await eng.launch(ServerSpec("w1", ("g1",), Role.COLOCATED, weights="v0"))
-    task = asyncio.ensure_future(eng.generate("w1", req("t/0#0")))
+    task = asyncio.ensure_future(eng.generate("w1", req(0)))
     await agents["node1"].entered.wait()
     assert eng.mark_node_dead("node1", "missed 3 health checks") == ["w1"]
     with pytest.raises(EngineDeadError, match="node node1 is lost") as err:

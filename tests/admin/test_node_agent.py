@@ -11,6 +11,7 @@ import pytest
 from pearl.config import EmulatorSpec, load_config
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineStartError,
     FinishReason,
@@ -47,8 +48,9 @@ async def remote() -> AsyncIterator[tuple[na.RemoteEngine, dict[str, na.NodeAgen
         await a.close()
 
 
-def req(rid: str, n: int = 8) -> GenerateRequest:
-    return GenerateRequest(rid, tuple(range(1, 65)), SamplingParams(max_new_tokens=n, seed=1))
+def req(turn: int, n: int = 8, attempt: int = 0) -> GenerateRequest:
+    return GenerateRequest("t", tuple(range(1, 65)), SamplingParams(max_new_tokens=n, seed=1), turn=turn,
+                           attempt=attempt)
 
 
 async def test_launch_generate_pd_and_stop_across_two_agents(remote) -> None:
@@ -57,12 +59,12 @@ async def test_launch_generate_pd_and_stop_across_two_agents(remote) -> None:
     await eng.launch(ServerSpec("p1", ("n1-g0",), Role.PREFILL, weights="v0"))
     await eng.launch(ServerSpec("d1", ("n1-g1",), Role.DECODE, weights="v0"))
     assert agents["node0"].workers == {"w0"} and agents["node1"].workers == {"p1", "d1"}
-    r = await eng.generate("w0", req("t/0#0"))
+    r = await eng.generate("w0", req(0))
     assert r.finish_reason is FinishReason.LENGTH and len(r.output_ids) == 8 and r.prompt_tokens == 64
-    r = await eng.generate_pd("p1", "d1", req("t/1#0"))
+    r = await eng.generate_pd("p1", "d1", req(1))
     assert len(r.output_ids) == 8 and r.decode_worker_id == "d1"
     with pytest.raises(KVTransferError, match="keep this pair on one node"):  # emulated: no split PD
-        await eng.generate_pd("p1", "w0", req("t/2#0"))
+        await eng.generate_pd("p1", "w0", req(2))
     assert await eng.healthy("w0") and await eng.weight_version("w0") == 0
     async with aiohttp.ClientSession() as http:
         health = await na.AgentClient(agents["node1"].url, TOKEN, http).health()
@@ -96,8 +98,8 @@ async def test_agent_needs_the_token_and_allowlists_children(remote) -> None:
 def test_wire_round_trips() -> None:
     spec = ServerSpec("w", ("g0", "g1"), Role.DECODE, "v3", 3, 0, "127.0.0.1", {"a": "b"})
     assert na.spec_from_dict(na.spec_to_dict(spec)) == spec
-    r = req("x/1#2")
-    assert na.request_from_dict(na.request_to_dict(r)) == r
+    r = req(1, attempt=2)
+    assert na.request_from_dict(na.request_to_dict(r)) == r and r.rid == "t/1#2"
     res = GenerateResult("x", (1, 2), (-0.5, -0.25), FinishReason.ABORT, 2, 10, 4, RequestTimings(1.0, 2.0), "w", "d")
     assert na.result_from_dict(na.result_to_dict(res)) == res
     err = EngineDeadError("w", "gone", 137, "oom", res)
@@ -141,13 +143,15 @@ async def test_unreachable_agent_is_a_dead_engine(remote) -> None:
     await eng.launch(ServerSpec("w5", ("n1-g5",), Role.COLOCATED, weights="v0"))
     await agents["node1"].close()  # the node goes away
     with pytest.raises(EngineDeadError, match="unreachable"):
-        await eng.generate("w5", req("t/5#0"))
+        await eng.generate("w5", req(5))
 
 
 class SplitPdEngine:
     """A fake of an engine whose PD halves run on separate servers (vLLM + NIXL): ``pd_prefill`` puts
     the prompt's "KV" on a shared fabric and returns the handle, ``pd_decode`` pulls it from there
     (the server-to-server transfer). Outputs are a pure function of the prompt, as at temperature 0."""
+
+    capabilities = EngineCapabilities(split_pd=True)
 
     def __init__(self, node: str, fabric: dict[str, tuple[int, ...]]) -> None:
         self.node = node
@@ -214,24 +218,26 @@ async def test_cross_node_pd_runs_each_half_on_its_node() -> None:
     try:
         async with aiohttp.ClientSession() as http:
             clients = {n: na.AgentClient(a.url, TOKEN, http) for n, a in agents.items()}
-            assert (await clients["node0"].health())["split_pd"] is True
+            health = await clients["node0"].health()
+            assert health["split_pd"] is True
+            assert na.capabilities_from_dict(health["capabilities"]) == SplitPdEngine.capabilities
             eng = na.RemoteEngine(clients, node_of=lambda dev: f"node{dev.split('-')[0][1:]}")
             await eng.launch(ServerSpec("p0", ("n0-g0",), Role.PREFILL, weights="v0"))
             await eng.launch(ServerSpec("d1", ("n1-g0",), Role.DECODE, weights="v0"))
-            pd = await eng.generate_pd("p0", "d1", req("t/0#0"))
+            pd = await eng.generate_pd("p0", "d1", req(0))
             assert engines["node0"].halves == [("prefill", "p0")] and engines["node1"].halves == [("decode", "d1")]
             assert fabric == {}  # the decode side pulled the KV the prefill side left
             assert pd.worker_id == "p0" and pd.decode_worker_id == "d1" and pd.finish_reason is FinishReason.LENGTH
-            assert pd.output_ids == SplitPdEngine._tokens(req("x").input_ids, 8)
+            assert pd.output_ids == SplitPdEngine._tokens(req(0).input_ids, 8)
             # an aborted prefill (eviction, weight sync): nothing generated, the turn goes again
             engines["node0"].prefill_outcome = "abort"
-            r = await eng.generate_pd("p0", "d1", req("t/1#0"))
+            r = await eng.generate_pd("p0", "d1", req(1))
             assert r.finish_reason is FinishReason.ABORT and r.output_ids == () and r.decode_worker_id == "d1"
             assert engines["node1"].halves == [("decode", "d1")]  # no decode half was sent
             # a prefill server that dies: EngineDeadError of the prefill worker, an empty partial kept
             engines["node0"].prefill_outcome = "dead"
             with pytest.raises(EngineDeadError) as err:
-                await eng.generate_pd("p0", "d1", req("t/2#0"))
+                await eng.generate_pd("p0", "d1", req(2))
             assert err.value.worker_id == "p0" and err.value.partial is not None
             assert err.value.partial.output_ids == () and err.value.partial.finish_reason is FinishReason.ABORT
     finally:
@@ -258,7 +264,7 @@ async def test_router_pairs_prefill_and_decode_on_one_node_for_engines_without_s
     cross = plain.pick()
     assert cross == Route("p0", "d1")
     with pytest.raises(KVTransferError, match="keep this pair on one node"):
-        await eng.generate_pd(cross.worker, cross.decode, req("t/x#0"))
+        await eng.generate_pd(cross.worker, cross.decode, req(99))
 
     router = Router()
     router.pair_node = eng.node_of_worker
@@ -273,7 +279,7 @@ async def test_router_pairs_prefill_and_decode_on_one_node_for_engines_without_s
     routes = [await router.acquire(clock, prefer="p0" if i % 3 else "") for i in range(12)]
     assert {r.worker for r in routes} == {"p0", "p1"}  # load spreads over both nodes
     assert all(eng.node_of_worker(r.worker) == eng.node_of_worker(r.decode) for r in routes)
-    results = [await eng.generate_pd(r.worker, r.decode, req(f"t/{i}#0")) for i, r in enumerate(routes)]
+    results = [await eng.generate_pd(r.worker, r.decode, req(i)) for i, r in enumerate(routes)]
     assert all(len(x.output_ids) == 8 for x in results)
     for r in routes:
         router.release(r)

@@ -25,6 +25,7 @@ from pearl.engines.base import (
     FinishReason,
     GenerateRequest,
     KVTransferError,
+    PauseMode,
     ResponseShapeError,
     ResponseTooLargeError,
     SamplingParams,
@@ -63,6 +64,11 @@ def expected(prompt: tuple[int, ...], n: int) -> tuple[list[int], list[float]]:
 
 def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
     return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0, seed=3))
+
+
+def wire_id(name: str) -> str:
+    """The wire id the engine sends for ``req(name, ...)`` (turn 0, first attempt)."""
+    return GenerateRequest(name, (1,), SamplingParams(max_new_tokens=1)).rid
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -116,7 +122,7 @@ async def test_largest_incremental_response_and_cumulative_line_too_long(
         await cum.pd_decode("d", req("big-cum", LONG), handle)
     assert info.value.partial is not None and info.value.partial.finish_reason is FinishReason.ABORT
     assert list(info.value.partial.output_ids) == toks[:len(info.value.partial.output_ids)]
-    assert "big-cum" in (await state(cum, "d"))["abort_calls"]
+    assert wire_id("big-cum") in (await state(cum, "d"))["abort_calls"]
 
 
 async def test_decode_side_kv_failure_is_a_kv_transfer_error(engines: tuple[SglangEngine, SglangEngine]) -> None:
@@ -134,8 +140,8 @@ async def test_abort_keeps_partial_and_resume_continues(engines: tuple[SglangEng
     toks, lps = expected(PROMPT, 4000)
     original = req("ab", 4000)
     task = asyncio.create_task(inc.generate("c", original))
-    await asyncio.wait_for(inc.wait_tokens("ab", 64), 120)
-    await inc.abort("c", "ab")
+    await asyncio.wait_for(inc.wait_tokens(wire_id("ab"), 64), 120)
+    await inc.abort("c", wire_id("ab"))
     part = await task
     n = len(part.output_ids)
     assert part.finish_reason is FinishReason.ABORT and 64 <= n < 4000
@@ -157,8 +163,8 @@ async def test_paused_server_holds_generate_and_pause_abort_ends_streams(
     await inc.resume("c")
     assert len((await held).output_ids) == 8
     running = asyncio.create_task(inc.generate("c", req("pz", 4000)))
-    await asyncio.wait_for(inc.wait_tokens("pz", 64), 120)
-    await inc.pause("c", mode="abort")
+    await asyncio.wait_for(inc.wait_tokens(wire_id("pz"), 64), 120)
+    await inc.pause("c", mode=PauseMode.ABORT)
     part = await running
     assert part.finish_reason is FinishReason.ABORT and len(part.output_ids) >= 64
     await inc.resume("c")
@@ -205,7 +211,7 @@ async def test_bad_streams_are_named_errors_with_the_request_aborted(
     with pytest.raises(ResponseShapeError, match="lacks output_ids") as shape:
         await inc.generate("c", req("shape-1", 4000))
     assert shape.value.partial is not None
-    assert "shape-1" in (await state(inc, "c"))["abort_calls"]
+    assert wire_id("shape-1") in (await state(inc, "c"))["abort_calls"]
     with pytest.raises(EngineError, match="out of range"):  # SGLang's error event, then [DONE]
         await inc.generate("c", req("valueerror-1", 4))
 

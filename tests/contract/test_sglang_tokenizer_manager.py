@@ -24,6 +24,7 @@ from pearl.engines.base import (
     EngineError,
     FinishReason,
     GenerateRequest,
+    PauseMode,
     RequestRejectedError,
     SamplingParams,
     ServerSpec,
@@ -50,6 +51,11 @@ def settings(**kw: Any) -> SglangSettings:
 
 def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT, stops: tuple[int, ...] = ()) -> GenerateRequest:
     return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0, stop_token_ids=stops))
+
+
+def wire_id(name: str) -> str:
+    """The wire id the engine sends for ``req(name, ...)`` (turn 0, first attempt)."""
+    return GenerateRequest(name, (1,), SamplingParams(max_new_tokens=1)).rid
 
 
 async def state(eng: SglangEngine, wid: str) -> dict[str, Any]:
@@ -140,8 +146,8 @@ async def test_an_aborted_running_request_decodes_one_more_token_and_resumes_exa
     toks, lps = await expected(tm, "t", PROMPT, 300)
     original = req("ab", 300)
     task = asyncio.create_task(tm.generate("t", original))
-    streamed = await asyncio.wait_for(tm.wait_tokens("ab", 8), 60)
-    await tm.abort("t", "ab")
+    streamed = await asyncio.wait_for(tm.wait_tokens(wire_id("ab"), 8), 60)
+    await tm.abort("t", wire_id("ab"))
     part = await task
     n = len(part.output_ids)
     assert part.finish_reason is FinishReason.ABORT and n > streamed
@@ -169,7 +175,7 @@ async def test_a_chunk_coalesced_with_its_abort_echo_keeps_tokens_and_logprobs_a
     tm, _ = engines
     toks, lps = await expected(tm, "t", PROMPT, 3)
     part = await tm.generate("t", req("coalesce-1", 50))
-    assert "coalesce-1" in (await state(tm, "t"))["coalesced"]  # SGLang's tokenizer merged chunk + echo
+    assert wire_id("coalesce-1") in (await state(tm, "t"))["coalesced"]  # SGLang's tokenizer merged chunk + echo
     assert part.finish_reason is FinishReason.ABORT
     assert list(part.output_ids) == toks and list(part.logprobs) == pytest.approx(lps)
 
@@ -179,23 +185,23 @@ async def test_pause_modes(engines: tuple[SglangEngine, SglangEngine]) -> None:
     echoed with every token once (no extra step); abort ends streams with their partial."""
     tm, _ = engines
     toks, _ = await expected(tm, "t", PROMPT, 200)
-    for mode in ("in_place", "retract"):
+    for mode in (PauseMode.KEEP, PauseMode.RETRACT):  # SGLang's in_place and retract
         task = asyncio.create_task(tm.generate("t", req(f"p-{mode}", 200)))
-        await asyncio.wait_for(tm.wait_tokens(f"p-{mode}", 4), 60)
-        await tm.pause("t", mode=mode)  # type: ignore[arg-type]
+        await asyncio.wait_for(tm.wait_tokens(wire_id(f"p-{mode}"), 4), 60)
+        await tm.pause("t", mode=mode)
         await tm.resume("t")
         assert list((await task).output_ids) == toks
     task = asyncio.create_task(tm.generate("t", req("p-retract-abort", 200)))
-    seen = await asyncio.wait_for(tm.wait_tokens("p-retract-abort", 4), 60)
-    await tm.pause("t", mode="retract")
-    await tm.abort("t", "p-retract-abort")
+    seen = await asyncio.wait_for(tm.wait_tokens(wire_id("p-retract-abort"), 4), 60)
+    await tm.pause("t", mode=PauseMode.RETRACT)
+    await tm.abort("t", wire_id("p-retract-abort"))
     part = await task
     await tm.resume("t")
     assert part.finish_reason is FinishReason.ABORT and list(part.output_ids) == toks[:len(part.output_ids)]
     assert len(part.output_ids) >= seen
     task = asyncio.create_task(tm.generate("t", req("p-abort", 200)))
-    await asyncio.wait_for(tm.wait_tokens("p-abort", 4), 60)
-    await tm.pause("t", mode="abort")
+    await asyncio.wait_for(tm.wait_tokens(wire_id("p-abort"), 4), 60)
+    await tm.pause("t", mode=PauseMode.ABORT)
     part = await task
     await tm.resume("t")
     assert part.finish_reason is FinishReason.ABORT and list(part.output_ids) == toks[:len(part.output_ids)]
@@ -212,7 +218,7 @@ async def test_refusals_are_named_and_keep_no_token(engines: tuple[SglangEngine,
     assert big.value.status_code == 400 and "1 output token(s) are dropped" in str(big.value)
     monkeypatch.setattr(sglang, "CAPACITY_BACKOFF_S", 0.01)
     long = [asyncio.create_task(tm.generate("t", req(f"q{i}", 900))) for i in range(2)]
-    await asyncio.gather(*(asyncio.wait_for(tm.wait_tokens(f"q{i}", 2), 60) for i in range(2)))
+    await asyncio.gather(*(asyncio.wait_for(tm.wait_tokens(wire_id(f"q{i}"), 2), 60) for i in range(2)))
     with pytest.raises(EngineError, match=r"no room on the server after 4 attempts \(503: The request queue is full"):
         await tm.generate("t", req("queued", 4))
     await tm.abort("t")
@@ -268,7 +274,7 @@ async def test_unseeded_requests_reach_the_scheduler_with_distinct_seeds(tmp_pat
     try:
         await eng.launch(ServerSpec("s", ("0",), Role.COLOCATED, MODEL, 1))
         for i in range(2):
-            await eng.generate("s", GenerateRequest(f"g/{i}", PROMPT, SamplingParams(max_new_tokens=2)))
+            await eng.generate("s", GenerateRequest("g", PROMPT, SamplingParams(max_new_tokens=2), turn=i))
         seeds = [r["sampling_seed"] for r in (await state(eng, "s"))["received"] if r["rid"] in ("g/0", "g/1")]
         assert len(seeds) == 2 and None not in seeds and len(set(seeds)) == 2
     finally:

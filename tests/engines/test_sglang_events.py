@@ -88,7 +88,7 @@ def test_unseeded_requests_get_their_own_seed_under_deterministic_inference(tmp_
     """SGLang samples an unseeded request with seed 42 under ``--enable-deterministic-inference``:
     two members of one GRPO group must not get the same seed."""
     eng = SglangEngine(tmp_path, SglangSettings(deterministic_inference=True))
-    a, b = (GenerateRequest(f"g0/t{i}/0", (1, 2), SamplingParams(max_new_tokens=4)) for i in range(2))
+    a, b = (GenerateRequest(f"g0-t{i}", (1, 2), SamplingParams(max_new_tokens=4)) for i in range(2))
     sa, sb = (eng._body(r, stream=True)["sampling_params"]["sampling_seed"] for r in (a, b))
     assert sa == request_seed(a.rid) and sa != sb and sa != 42
     seeded = GenerateRequest("x", (1,), SamplingParams(max_new_tokens=1, seed=7))

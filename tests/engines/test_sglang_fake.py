@@ -29,6 +29,7 @@ from pearl.engines.base import (
     GenerateRequest,
     InferenceEngine,
     KVTransferError,
+    PauseMode,
     RequestRejectedError,
     SamplingParams,
     ServerSpec,
@@ -61,6 +62,11 @@ def expected(model_path: str, prompt: tuple[int, ...], n: int) -> tuple[list[int
 
 def req(rid: str, n: int, prompt: tuple[int, ...] = PROMPT) -> GenerateRequest:
     return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
+
+
+def wire_id(name: str) -> str:
+    """The wire id the engine sends for ``req(name, ...)`` (turn 0, first attempt)."""
+    return GenerateRequest(name, (1,), SamplingParams(max_new_tokens=1)).rid
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -112,8 +118,8 @@ async def test_abort_keeps_partial_and_resume_is_seamless(engine: SglangEngine) 
     toks, _ = expected("base-model", PROMPT, 200)
     original = req("ab", 200)
     task = asyncio.create_task(engine.generate("c", original))
-    await asyncio.wait_for(engine.wait_tokens("ab", 5), 30)
-    await engine.abort("c", "ab")
+    await asyncio.wait_for(engine.wait_tokens(wire_id("ab"), 5), 30)
+    await engine.abort("c", wire_id("ab"))
     part = await task
     assert part.finish_reason is FinishReason.ABORT and 5 <= len(part.output_ids) < 200
     cont = continuation_request(original, [part], attempt=1)
@@ -124,14 +130,14 @@ async def test_abort_keeps_partial_and_resume_is_seamless(engine: SglangEngine) 
 
 async def test_pause_in_place_then_continue_and_pause_abort(engine: SglangEngine) -> None:
     task = asyncio.create_task(engine.generate("c", req("pz", 60)))
-    await asyncio.wait_for(engine.wait_tokens("pz", 3), 30)
+    await asyncio.wait_for(engine.wait_tokens(wire_id("pz"), 3), 30)
     await engine.pause("c")
     await engine.resume("c")
     res = await task
     assert res.finish_reason is FinishReason.LENGTH and len(res.output_ids) == 60
     task = asyncio.create_task(engine.generate("c", req("pa", 500)))
-    await asyncio.wait_for(engine.wait_tokens("pa", 3), 30)
-    await engine.pause("c", mode="abort")
+    await asyncio.wait_for(engine.wait_tokens(wire_id("pa"), 3), 30)
+    await engine.pause("c", mode=PauseMode.ABORT)
     part = await task
     assert part.finish_reason is FinishReason.ABORT and len(part.output_ids) >= 3
     await engine.resume("c")
@@ -213,7 +219,7 @@ async def test_server_killed_mid_generation_raises_with_partial(tmp_path: Path) 
     try:
         await eng.launch(ServerSpec("k", ("0",), Role.COLOCATED, "base-model"))
         task = asyncio.create_task(eng.generate("k", req("kill", 1000)))
-        await asyncio.wait_for(eng.wait_tokens("kill", 4), 30)
+        await asyncio.wait_for(eng.wait_tokens(wire_id("kill"), 4), 30)
         os.kill(eng.server("k").proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
         with pytest.raises(EngineDeadError) as err:
             await asyncio.wait_for(task, 30)
@@ -293,19 +299,19 @@ async def test_cross_node_pd_runs_each_half_through_its_nodes_agent(tmp_path: Pa
             eng = na.RemoteEngine(clients, node_of=lambda dev: f"node{dev[1]}")
             await asyncio.gather(eng.launch(ServerSpec("p0", ("n0",), Role.PREFILL, "base-model")),
                                  eng.launch(ServerSpec("d1", ("n1",), Role.DECODE, "base-model")))
-            pd = await eng.generate_pd("p0", "d1", req("x/0#0", 10))
+            pd = await eng.generate_pd("p0", "d1", req("x0", 10))
             toks, lps = expected("base-model", PROMPT, 10)
             assert list(pd.output_ids) == toks and list(pd.logprobs) == pytest.approx(lps)
             assert pd.worker_id == "p0" and pd.decode_worker_id == "d1" and pd.finish_reason is FinishReason.LENGTH
             assert "p0" in engines["node0"]._servers and "d1" in engines["node1"]._servers  # each half on its node
             # the halves by hand: a handle the prefill server never registered fails on the decode side
-            handle = await engines["node0"].pd_prefill("p0", req("x/1#0", 4))
+            handle = await engines["node0"].pd_prefill("p0", req("x1", 4))
             assert handle is not None and set(handle) == {"bootstrap_host", "bootstrap_port", "bootstrap_room"}
             bad = {**handle, "bootstrap_room": handle["bootstrap_room"] ^ 1}
             with pytest.raises(KVTransferError, match="no KV for bootstrap room"):
-                await engines["node1"].pd_decode("d1", req("x/1#0", 4), bad, "p0")
+                await engines["node1"].pd_decode("d1", req("x1", 4), bad, "p0")
             with pytest.raises(KVTransferError, match="lacks 'bootstrap_room'"):
-                await engines["node1"].pd_decode("d1", req("x/2#0", 4), {"bootstrap_host": "h", "bootstrap_port": 1})
+                await engines["node1"].pd_decode("d1", req("x2", 4), {"bootstrap_host": "h", "bootstrap_port": 1})
     finally:
         for a in agents.values():
             await a.close()
@@ -374,10 +380,10 @@ async def test_refusals_fail_the_request_and_a_full_queue_is_asked_again(tmp_pat
             await eng.generate("r", req("too-big", 4, tuple(range(45))))
         assert err.value.status_code == 400 and "1 output token(s) are dropped" in str(err.value)
         long = asyncio.create_task(eng.generate("r", req("long", 5000)))
-        await asyncio.wait_for(eng.wait_tokens("long", 2), 30)
+        await asyncio.wait_for(eng.wait_tokens(wire_id("long"), 2), 30)
         with pytest.raises(EngineError, match=r"no room on the server after 4 attempts \(503: The request queue"):
             await eng.generate("r", req("queued", 4))
-        await eng.abort("r", "long")
+        await eng.abort("r", wire_id("long"))
         assert (await long).finish_reason is FinishReason.ABORT
         assert len((await eng.generate("r", req("room", 4))).output_ids) == 4
     finally:
@@ -400,8 +406,8 @@ async def test_an_abort_whose_extra_token_is_eos_ends_the_turn(tmp_path: Path) -
         assert eng.server("e").eos_ids == frozenset(eos)
         original = req("eos", 400)
         task = asyncio.create_task(eng.generate("e", original))
-        await asyncio.wait_for(eng.wait_tokens("eos", 4), 30)
-        await eng.abort("e", "eos")
+        await asyncio.wait_for(eng.wait_tokens(wire_id("eos"), 4), 30)
+        await eng.abort("e", wire_id("eos"))
         part = await task
         assert part.output_ids[-1] in eos and list(part.output_ids) == toks[:len(part.output_ids)]
         assert part.finish_reason is FinishReason.STOP

@@ -34,6 +34,7 @@ from pearl.engines.base import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    PauseMode,
     SamplingParams,
     ServerSpec,
 )
@@ -146,9 +147,10 @@ async def test_abort_returns_partial_and_resume_completes(engine: VllmEngine) ->
 
 async def test_pause_keep_freezes_and_resume_completes(engine: VllmEngine) -> None:
     ref = await engine.generate("p", greedy("pk-ref", 64))
-    task = asyncio.create_task(engine.generate("p", greedy("pk", 64)))
-    await asyncio.wait_for(engine.wait_tokens("pk", 4), 120)
-    await engine.pause("p", mode="keep")
+    pk = greedy("pk", 64)
+    task = asyncio.create_task(engine.generate("p", pk))
+    await asyncio.wait_for(engine.wait_tokens(pk.rid, 4), 120)
+    await engine.pause("p", mode=PauseMode.KEEP)
     await engine.resume("p")
     res = await task
     assert res.finish_reason is FinishReason.LENGTH and res.output_ids == ref.output_ids

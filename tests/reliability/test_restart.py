@@ -9,7 +9,8 @@ import pytest
 
 from pearl.core.state import ClusterState, Gpu, Role, Worker, WorkerStatus, Zone
 from pearl.reliability.restart import kill_and_restart
-from pearl.runtime.journal import first_unconsumed_batch, restart_state
+from pearl.runtime.journal import first_unconsumed_batch
+from pearl.runtime.journal_replay import restart_state
 
 
 def test_kill_9_then_restart_loses_nothing(tmp_path: Path) -> None:

@@ -143,3 +143,29 @@ def test_client_ids_never_suppress_the_runtimes_own_events() -> None:
     grant, started, gpus, steps = run_virtual(main())
     assert grant.applied and not grant.duplicate and "p0" in gpus
     assert started.applied and not started.duplicate and steps == 1
+
+
+def test_path_like_ids_are_refused_at_the_door_from_any_source() -> None:
+    """A trace or a cloud watcher reaches the door without the admin API's schemas: an id with a
+    path separator or ``..`` is refused there, naming the field, and nothing is applied."""
+    from pearl.runtime.door import EventRefused
+
+    async def main():
+        clock = LoopClock()
+        ctl, _eng, _ = _controller(clock, _cfg())
+        await ctl.start()
+        refused = []
+        for event in (_grant(["../../etc"], "g1"), _grant(["p0"], "g2", instance="i/1"),
+                      GpusGranted((GrantedGpu("p0", "node/0"),), event_id="g3"), _grant(["p0"], "a/b"),
+                      ReclaimNotice(("p0",), clock.now() + 10.0, event_id="n1", notice_id="..")):
+            with pytest.raises(EventRefused) as err:
+                await ctl.door.submit(event, "trace")
+            refused.append((err.value.code, err.value.field))
+        ok = await ctl.submit(_grant(["p0"], "g4", "i-0abc"))
+        await ctl.stop()
+        return refused, ok
+
+    refused, ok = run_virtual(main())
+    assert refused == [("invalid_id", "gpu_id"), ("invalid_id", "instance_id"), ("invalid_id", "node"),
+                       ("invalid_id", "event_id"), ("invalid_id", "notice_id")]
+    assert ok.applied

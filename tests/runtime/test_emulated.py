@@ -21,8 +21,9 @@ def _costs(name: str = "qwen3-8b-h200") -> WorkerCosts:
     return WorkerCosts.from_specs(cfg.model, cfg.hardware, cfg.emulator)
 
 
-def _req(rid: str, n_prompt: int, n_new: int, start: int = 1) -> GenerateRequest:
-    return GenerateRequest(rid, tuple(range(start, start + n_prompt)), SamplingParams(n_new))
+def _req(conv: str, turn: int, n_prompt: int, n_new: int, start: int = 1, attempt: int = 0) -> GenerateRequest:
+    return GenerateRequest(conv, tuple(range(start, start + n_prompt)), SamplingParams(n_new), turn=turn,
+                           attempt=attempt)
 
 
 def test_decode_step_cost_grows_with_batch_and_kv() -> None:
@@ -65,9 +66,9 @@ def test_single_request_time_is_prefill_plus_decode_steps() -> None:
         eng = EmulatedEngine.from_config(config(), clock)
         await _launch_all(eng, ("w", Role.COLOCATED))
         t0 = clock.now()
-        res = await eng.generate("w", _req("a/1", 3000, 100))
+        res = await eng.generate("w", _req("a", 1, 3000, 100))
         dt = clock.now() - t0
-        again = await eng.generate("w", _req("a/1#1", 3000, 100))
+        again = await eng.generate("w", _req("a", 1, 3000, 100, attempt=1))
         await eng.close()
         return eng, res, again, dt
 
@@ -89,7 +90,7 @@ def test_abort_returns_exactly_the_tokens_generated_so_far() -> None:
         eng = EmulatedEngine.from_config(config(), clock)
         await _launch_all(eng, ("w", Role.COLOCATED))
         t0 = clock.now()
-        task = asyncio.create_task(eng.generate("w", _req("a/1", 1000, 1000)))
+        task = asyncio.create_task(eng.generate("w", _req("a", 1, 1000, 1000)))
         await clock.sleep(2.0)
         await eng.abort("w")
         res = await task
@@ -112,10 +113,10 @@ def test_prefill_interrupts_decode_on_a_colocated_worker() -> None:
         clock = LoopClock()
         eng = EmulatedEngine.from_config(config(), clock)
         await _launch_all(eng, ("w", Role.COLOCATED))
-        a = asyncio.create_task(eng.generate("w", _req("a/1", 1000, 400)))
+        a = asyncio.create_task(eng.generate("w", _req("a", 1, 1000, 400)))
         await clock.sleep(1.0)
         if with_arrival:
-            await eng.generate("w", _req("b/1", 8000, 1, start=50_000))
+            await eng.generate("w", _req("b", 1, 8000, 1, start=50_000))
         res = await a
         await eng.close()
         return eng, res
@@ -139,8 +140,8 @@ def test_kv_capacity_queues_the_request_that_does_not_fit() -> None:
         n = cap // 2 + 10  # two of these do not fit together
         assert 1000 < cap < 20_000  # (20 GB * 0.9 - 16.4 GB) / 144 KiB
         t0 = clock.now()
-        first = asyncio.create_task(eng.generate("w", _req("a/1", n, 50)))
-        second = asyncio.create_task(eng.generate("w", _req("b/1", n, 50, start=60_000)))
+        first = asyncio.create_task(eng.generate("w", _req("a", 1, n, 50)))
+        second = asyncio.create_task(eng.generate("w", _req("b", 1, n, 50, start=60_000)))
         r1 = await first
         t1 = clock.now()
         r2 = await second
@@ -158,7 +159,7 @@ def test_disaggregated_request_pays_kv_transfer() -> None:
         clock = LoopClock()
         eng = EmulatedEngine.from_config(config(), clock)
         await _launch_all(eng, ("p", Role.PREFILL), ("d", Role.DECODE))
-        res = await eng.generate_pd("p", "d", _req("a/1", 10_000, 50))
+        res = await eng.generate_pd("p", "d", _req("a", 1, 10_000, 50))
         await eng.close()
         return eng, res
 
@@ -193,9 +194,9 @@ def test_prefix_reuse_fraction_and_no_driver_crash() -> None:
         clock = LoopClock()
         eng = EmulatedEngine.from_config(config(**{"emulator.prefix_reuse": reuse}), clock)
         await _launch_all(eng, ("w", Role.COLOCATED))
-        first = await eng.generate("w", _req("a/1", 3001, 10))
+        first = await eng.generate("w", _req("a", 1, 3001, 10))
         ctx = tuple(range(1, 3002)) + first.output_ids + tuple(range(90_000, 90_500))
-        second = await eng.generate("w", GenerateRequest("a/2", ctx, SamplingParams(10)))
+        second = await eng.generate("w", GenerateRequest("a", ctx, SamplingParams(10), turn=2))
         await eng.close()
         return second, eng.crashes
 

@@ -25,7 +25,7 @@ class _RefuseOne:
         return getattr(self.inner, name)
 
     async def generate(self, worker_id, req):
-        if req.rid.startswith("b0-g0-s1/"):
+        if req.conversation == "b0-g0-s1":
             self.refused += 1
             raise RequestRejectedError(worker_id, f"request {req.rid} refused (400): Input length exceeds the "
                                        "maximum allowed length", 400)

@@ -20,9 +20,9 @@ def _split(reuse: float) -> dict[str, float]:
         clock = LoopClock()
         eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200", {"emulator.prefix_reuse": reuse}), clock)
         await eng.launch(ServerSpec("w", ("w",), Role.COLOCATED, ""))
-        first = await eng.generate("w", GenerateRequest("a/1", tuple(range(1, 3001)), SamplingParams(200)))
+        first = await eng.generate("w", GenerateRequest("a", tuple(range(1, 3001)), SamplingParams(200), turn=1))
         ctx = tuple(range(1, 3001)) + first.output_ids + tuple(range(90_000, 90_500))
-        await eng.generate("w", GenerateRequest("a/2", ctx, SamplingParams(100)))
+        await eng.generate("w", GenerateRequest("a", ctx, SamplingParams(100), turn=2))
         await eng.close()  # counters of stopped workers are kept
         return eng.phase_split()
 
@@ -59,7 +59,7 @@ def test_a_resumed_request_logs_its_extra_prefill() -> None:
         eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
         for w in ("w1", "w2"):
             await eng.launch(ServerSpec(w, (w,), Role.COLOCATED, ""))
-        original = GenerateRequest("t7/1", tuple(range(1, 4001)), SamplingParams(500))
+        original = GenerateRequest("t7", tuple(range(1, 4001)), SamplingParams(500), turn=1)
         task = asyncio.get_running_loop().create_task(eng.generate("w1", original))
         await clock.sleep(2.0)
         await eng.abort("w1")
@@ -91,8 +91,8 @@ def test_resumed_prefill_work_excludes_what_the_worker_interleaves() -> None:
         eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
         await eng.launch(ServerSpec("w", ("w",), Role.COLOCATED, ""))
         loop = asyncio.get_running_loop()
-        other = loop.create_task(eng.generate("w", GenerateRequest("o/1", tuple(range(1, 30_001)), SamplingParams(50))))
-        resumed = GenerateRequest("t7/1#1", tuple(range(1, 12_001)), SamplingParams(50))
+        other = loop.create_task(eng.generate("w", GenerateRequest("o", tuple(range(1, 30_001)), SamplingParams(50), turn=1)))
+        resumed = GenerateRequest("t7", tuple(range(1, 12_001)), SamplingParams(50), turn=1, attempt=1)
         await eng.generate("w", resumed)
         await other
         await eng.close()
@@ -114,7 +114,7 @@ def test_aborting_a_decode_worker_ends_the_requests_bound_for_it() -> None:
         eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
         await eng.launch(ServerSpec("p", ("p",), Role.PREFILL, ""))
         await eng.launch(ServerSpec("d", ("d",), Role.DECODE, ""))
-        req = GenerateRequest("t1/1", tuple(range(1, 30_001)), SamplingParams(2000))
+        req = GenerateRequest("t1", tuple(range(1, 30_001)), SamplingParams(2000), turn=1)
         task = asyncio.get_running_loop().create_task(eng.generate_pd("p", "d", req))
         await clock.sleep(0.05)  # inside the 30K-token prefill
         assert eng.request_stages()["t1/1"] == ("prefill", ("p",))

@@ -6,6 +6,7 @@ a per-run secret rank 0 publishes through the torch.distributed store)::
 
     GET  /agent/v1/health                   {"node", "rank", "workers": {id: healthy}, "children": {...},
                                              "split_pd": engine runs PD halves (cross-node pairs),
+                                             "capabilities": the engine's EngineCapabilities,
                                              "cloud": the cloud watch's view, with ``cloud_watch`` on}
     POST /agent/v1/engine/<method>          one InferenceEngine call: launch, stop, healthy, generate,
                                             generate_pd, abort, pause, resume, load_weights,
@@ -59,6 +60,7 @@ from aiohttp import web
 from pearl.access import is_loopback, token_matches
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     EngineStartError,
@@ -67,10 +69,13 @@ from pearl.engines.base import (
     GenerateResult,
     InferenceEngine,
     KVTransferError,
+    PauseMode,
     RequestTimings,
     ServerSpec,
 )
 from pearl.runtime.node.wire import (  # re-exported: the wire format is part of this module's API
+    capabilities_from_dict,
+    capabilities_to_dict,
     error_from_dict,
     error_to_dict,
     request_from_dict,
@@ -81,9 +86,10 @@ from pearl.runtime.node.wire import (  # re-exported: the wire format is part of
     spec_to_dict,
 )
 
-__all__ = ["CHILD_MODULES", "AgentClient", "Child", "NodeAgent", "RemoteEngine", "error_from_dict", "error_to_dict",
+__all__ = ["CHILD_MODULES", "AgentClient", "Child", "NodeAgent", "RemoteEngine", "capabilities_from_dict",
+           "capabilities_to_dict", "error_from_dict", "error_to_dict",
            "request_from_dict", "request_to_dict", "result_from_dict", "result_to_dict", "spec_from_dict",
-           "spec_to_dict", "splits_pd"]
+           "spec_to_dict"]
 
 log = logging.getLogger("pearl.agent")
 
@@ -144,12 +150,6 @@ _ENGINE_METHODS = frozenset({
     "launch", "stop", "healthy", "generate", "generate_pd", "abort", "pause", "resume", "load_weights",
     "weight_version", "release_memory", "resume_memory", "set_role", "pd_prefill", "pd_decode",
 })
-
-
-def splits_pd(engine: InferenceEngine) -> bool:
-    """Whether ``engine`` runs the two halves of a PD request on its own (``pd_prefill`` returns a
-    JSON handle, ``pd_decode`` takes it), so a pair may span two nodes (vLLM + NIXL)."""
-    return callable(getattr(engine, "pd_prefill", None)) and callable(getattr(engine, "pd_decode", None))
 
 
 class NodeAgent:
@@ -232,7 +232,8 @@ class NodeAgent:
         health = dict(zip(wids, await asyncio.gather(*(probe(w) for w in wids)), strict=True))
         children = {n: {"pid": c.proc.pid, "returncode": c.proc.returncode} for n, c in self.children.items()}
         doc = {"node": self.node, "rank": self.rank, "workers": health, "children": children,
-               "split_pd": splits_pd(self.engine)}
+               "split_pd": self.engine.capabilities.split_pd,
+               "capabilities": capabilities_to_dict(self.engine.capabilities)}
         if self.cloud_watch is not None:
             doc["cloud"] = self.cloud_watch.view()
         return web.json_response(doc)
@@ -268,9 +269,9 @@ class NodeAgent:
         if method == "generate_pd":
             return result_to_dict(await e.generate_pd(a["prefill_id"], a["decode_id"], request_from_dict(a["req"])))
         if method in ("pd_prefill", "pd_decode"):
-            if not splits_pd(e):
+            if not e.capabilities.split_pd:
                 wid = a["prefill_id"] if method == "pd_prefill" else a["decode_id"]
-                raise KVTransferError(wid, f"node {self.node}'s engine ({type(getattr(e, 'inner', e)).__name__}) "
+                raise KVTransferError(wid, f"node {self.node}'s engine ({type(e).__name__}) "
                                            "hands KV over within one server pair only: keep this pair on one node")
             req = request_from_dict(a["req"])
             if method == "pd_prefill":
@@ -283,7 +284,9 @@ class NodeAgent:
             return await e.load_weights(a["worker_id"], a["path"], int(a["version"]))
         if method == "set_role":
             return await e.set_role(a["worker_id"], Role(a["role"]))
-        return await getattr(e, method)(a["worker_id"])  # healthy, pause, resume, weight_version, memory
+        if method == "pause":
+            return await e.pause(a["worker_id"], PauseMode(a.get("mode", PauseMode.KEEP)))
+        return await getattr(e, method)(a["worker_id"])  # healthy, resume, weight_version, memory
 
     async def _child_start(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -416,8 +419,12 @@ class RemoteEngine:
     it); the turn restarts from its last completed part.
     """
 
-    def __init__(self, agents: Mapping[str, AgentClient], node_of: Callable[[str], str]) -> None:
+    def __init__(self, agents: Mapping[str, AgentClient], node_of: Callable[[str], str],
+                 capabilities: EngineCapabilities | None = None) -> None:
         self.agents = dict(agents)
+        #: what the agents' engines all declare (``wire.common_capabilities`` of their ``/health``);
+        #: without it, only what every engine does (no split PD, pause ``keep``)
+        self.capabilities = capabilities or EngineCapabilities()
         self._node_of = node_of
         self._where: dict[str, str] = {}  # worker id -> node
         self._dead: dict[str, str] = {}  # node -> why it is considered lost
@@ -551,8 +558,8 @@ class RemoteEngine:
     async def abort(self, worker_id: str, rid: str | None = None) -> None:
         await self._on(worker_id, "abort", rid=rid)
 
-    async def pause(self, worker_id: str) -> None:
-        await self._on(worker_id, "pause")
+    async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
+        await self._on(worker_id, "pause", mode=self.capabilities.check_pause(worker_id, mode).value)
 
     async def resume(self, worker_id: str) -> None:
         await self._on(worker_id, "resume")

@@ -1,15 +1,16 @@
-"""The node agent's wire format: ``ServerSpec``, ``GenerateRequest``, ``GenerateResult`` and engine
-errors to and from JSON (``pearl.runtime.node.agent``). Errors keep their type and partial output,
+"""The node agent's wire format: ``ServerSpec``, ``GenerateRequest``, ``GenerateResult``,
+``EngineCapabilities`` and engine errors to and from JSON (``pearl.runtime.node.agent``). Errors keep their type and partial output,
 so the controller's recovery logic sees over HTTP what it would see locally. Pure functions."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pearl.core.state import Role
 from pearl.engines.base import (
+    EngineCapabilities,
     EngineDeadError,
     EngineError,
     EngineStartError,
@@ -17,6 +18,7 @@ from pearl.engines.base import (
     GenerateRequest,
     GenerateResult,
     KVTransferError,
+    PauseMode,
     RequestTimings,
     ResponseShapeError,
     ResponseTooLargeError,
@@ -42,7 +44,8 @@ def spec_from_dict(d: Mapping[str, Any]) -> ServerSpec:
 def request_to_dict(req: GenerateRequest) -> dict[str, Any]:
     s = req.sampling
     return {
-        "rid": req.rid, "input_ids": list(req.input_ids), "return_logprobs": req.return_logprobs,
+        "conversation": req.conversation, "turn": req.turn, "attempt": req.attempt,
+        "input_ids": list(req.input_ids), "return_logprobs": req.return_logprobs,
         "sampling": {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
                      "stop_token_ids": list(s.stop_token_ids), "seed": s.seed},
     }
@@ -51,12 +54,35 @@ def request_to_dict(req: GenerateRequest) -> dict[str, Any]:
 def request_from_dict(d: Mapping[str, Any]) -> GenerateRequest:
     s = d["sampling"]
     return GenerateRequest(
-        rid=str(d["rid"]), input_ids=tuple(int(x) for x in d["input_ids"]),
+        conversation=str(d["conversation"]), turn=int(d["turn"]), attempt=int(d["attempt"]),
+        input_ids=tuple(int(x) for x in d["input_ids"]),
         sampling=SamplingParams(int(s["max_new_tokens"]), float(s.get("temperature", 1.0)),
                                 float(s.get("top_p", 1.0)), tuple(int(x) for x in s.get("stop_token_ids", ())),
                                 None if s.get("seed") is None else int(s["seed"])),
         return_logprobs=bool(d.get("return_logprobs", True)),
     )
+
+
+def capabilities_to_dict(c: EngineCapabilities) -> dict[str, Any]:
+    return {"split_pd": c.split_pd, "in_place_role_switch": c.in_place_role_switch,
+            "weight_broadcast": c.weight_broadcast, "pause_modes": sorted(m.value for m in c.pause_modes)}
+
+
+def capabilities_from_dict(d: Mapping[str, Any]) -> EngineCapabilities:
+    return EngineCapabilities(split_pd=bool(d["split_pd"]), in_place_role_switch=bool(d["in_place_role_switch"]),
+                              weight_broadcast=bool(d["weight_broadcast"]),
+                              pause_modes=frozenset(PauseMode(m) for m in d["pause_modes"]))
+
+
+def common_capabilities(caps: Iterable[EngineCapabilities]) -> EngineCapabilities:
+    """What every one of ``caps`` can do (the engines of all nodes behind one ``RemoteEngine``)."""
+    cs = list(caps)
+    if not cs:
+        return EngineCapabilities()
+    return EngineCapabilities(split_pd=all(c.split_pd for c in cs),
+                              in_place_role_switch=all(c.in_place_role_switch for c in cs),
+                              weight_broadcast=all(c.weight_broadcast for c in cs),
+                              pause_modes=frozenset.intersection(*(c.pause_modes for c in cs)))
 
 
 def result_to_dict(r: GenerateResult) -> dict[str, Any]:
