@@ -39,7 +39,6 @@ from pearl.core.state import ClusterState, Zone
 from pearl.runtime.clock import Clock
 from pearl.runtime.control import UnknownResourceError
 
-
 SHRINK_SAMPLES = 8
 SHRINK_LEAD_FACTOR = 1.5
 
