@@ -208,6 +208,10 @@ class PolicySpec(_Strict):
     gate_enabled: bool = True
     gate_margin: float = Field(default=1.0, ge=0, description="saving must exceed margin * cost")
     cost_ema_alpha: float = Field(default=0.3, gt=0, le=1, description="EMA weight of a new cost sample")
+    shrink_margin_s: float = Field(
+        default=5.0, ge=0, description="a reclaim's shrink starts at least this long before its deadline; "
+        "the lead grows to 1.5x the longest of the last 8 measured shrinks (timer fired -> GPUs released), "
+        "so a slow server stop still releases the GPUs in time (pearl/runtime/notices.py)")
     initial_activation_s: float = Field(default=6.0, ge=0, description="prior borrow activation cost (paper: ~6 s)")
     initial_deactivation_s: float = Field(default=3.8, ge=0, description="prior return cost (paper: 3.2-4.4 s)")
     initial_expansion_prep_s: float = Field(default=61.0, ge=0, description="prior expansion preparation (paper: 56-67 s)")

@@ -97,7 +97,6 @@ class Controller:
         clock: Clock | None = None,
         initial_state: ClusterState | None = None,
         initial_weights: tuple[int, str] | None = None,
-        shrink_margin_s: float = 5.0,
         expected_lifetime_s: float = 1800.0,
         max_batches: int | None = None,
         journal: Journal | None = None,
@@ -168,7 +167,7 @@ class Controller:
         self.rebuilder = ClusterRebuilder(self.executor, engine, self.clock, self.latest_weights)
         self.toggle = ToggleManager(self.executor, engine, self.clock, tp)
         self.elastic = ElasticScheduler(cfg, self.clock, self.executor, self.rebuilder, self.toggle, self.tracker,
-                                        self.pipeline, shrink_margin_s=shrink_margin_s,
+                                        self.pipeline, shrink_margin_s=cfg.policy.shrink_margin_s,
                                         expected_lifetime_s=expected_lifetime_s)
         #: the one door of outside events (admin API, cloud watchers, lost nodes, trace replay)
         self.door = EventDoor(self.elastic.submit, lambda: self.executor.state.gpus, journal, self.clock.now,

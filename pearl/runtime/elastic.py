@@ -20,7 +20,8 @@ GpusGranted       add the preemptible GPUs to the state (unless ``policy.use_pre
                   reserved GPU gets a new worker through a background expansion)
 ReclaimNotice     arm or tighten its notice (``pearl.runtime.notices``: keyed by ``ReclaimKey``, the
                   earliest deadline wins); its timer queues the shrink at ``deadline -
-                  shrink_margin_s`` (at once if that has passed) as an urgent event
+                  lead`` (the margin, or longer after slow shrinks: pearl/runtime/notices.py;
+                  at once if that has passed) as an urgent event
 (shrink due)      internal, urgent: the Rebuilder's shrink, then a re-plan of the survivors; the
                   shrunk GPUs leave every other notice (no timer outlives its grant)
 NoticeCancelled   drops a pending shrink (too late once it started: reported as not applied)
@@ -344,7 +345,7 @@ class ElasticScheduler:
             allocation=self.allocation,
             lent_workers=len(self.toggle.overlap_gpus()) // max(tp, 1) if self.toggle.borrowed else 0,
             trainer=self.trainer, reclaims=reclaims, expansions=expansions,
-            shrink_margin_s=self.shrink_margin_s,
+            shrink_margin_s=self.book.lead_s,
             placement_slack=float(self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload)),
             batch_started_at=t_b, speeds=tuple(self._speeds),
             remaining_trajectories=self.pipeline.remaining_trajectories())
@@ -517,9 +518,10 @@ class ElasticScheduler:
             return
         rep = await self.rebuilder.shrink(notice.gpus, notice.deadline)
         self.book.finish(notice)
+        lead = self.book.observe(notice, rep.released_at)
         self.reconfigurations["shrink"] += 1
         self.shrinks.append(rep.to_dict())
-        self._log("shrink", notice=notice.notice_id, **rep.to_dict())
+        self._log("shrink", notice=notice.notice_id, **rep.to_dict(), next_lead_s=lead)
         await self.replan(f"re-plan survivors after reclaim {notice.notice_id}")
 
     def _replan_later(self, reason: str, delay_s: float = 30.0) -> None:

@@ -2,9 +2,9 @@
 
 Life cycle of a notice (every step but the timer's sleep runs inside the scheduler's queue)::
 
-    ReclaimNotice handled -> ``note``: a new key is armed (timer at ``deadline - shrink_margin_s``,
-                             at once if that has passed); a known key not yet shrinking tightens
-                             (the earliest deadline wins: the timer is re-armed earlier, never later)
+    ReclaimNotice handled -> ``note``: a new key is armed (timer at ``deadline - lead_s``, at once
+                             if that has passed); a known key not yet shrinking tightens (the
+                             earliest deadline wins: the timer is re-armed earlier, never later)
     timer fires           -> ``queue_shrink(notice)``: the scheduler queues the shrink as an urgent
                              event and the timer ends once it was handled
     shrink handled        -> ``take`` (the notice is still armed and not started) ... shrink ...
@@ -13,6 +13,11 @@ Life cycle of a notice (every step but the timer's sleep runs inside the schedul
                              for, never to a re-grant)
     NoticeCancelled       -> ``cancel``: a pending shrink is dropped with its timer (too late once
                              it started)
+
+The lead (``lead_s``) is measured, not assumed: ``L = max(m, k * max(d_1 .. d_n))`` with ``m`` the
+configured ``shrink_margin_s``, ``d_i`` the last ``n = SHRINK_SAMPLES`` shrinks' durations from the
+timer firing to the GPUs' release (queue wait, dispatch stop, server stop), ``k = SHRINK_LEAD_FACTOR``.
+Before any shrink, ``L = m``. A notice armed earlier keeps its timer; the next one gets the new lead.
 
 ``validate`` answers ``submit`` before the event is queued: the GPUs must exist (or be preparing)
 and be preemptible, the deadline finite; ``queued`` counts the notices submitted and not handled
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass
 
@@ -33,6 +38,9 @@ from pearl.core.events import NoticeCancelled, ReclaimKey, ReclaimNotice
 from pearl.core.state import ClusterState, Zone
 from pearl.runtime.clock import Clock
 from pearl.runtime.control import UnknownResourceError
+
+SHRINK_SAMPLES = 8
+SHRINK_LEAD_FACTOR = 1.5
 
 
 @dataclass
@@ -45,6 +53,7 @@ class ArmedNotice:
     deadline: float
     timer: asyncio.Task[None] | None = None
     started: bool = False
+    fired_at: float | None = None  # when its timer fired (the shrink was queued)
 
 
 class NoticeBook:
@@ -56,6 +65,7 @@ class NoticeBook:
                  queue_shrink: Callable[[ArmedNotice], Awaitable[None]], log: Callable[..., None]) -> None:
         self.clock = clock
         self.shrink_margin_s = shrink_margin_s
+        self._took: deque[float] = deque(maxlen=SHRINK_SAMPLES)
         self.notices: dict[ReclaimKey, ArmedNotice] = {}
         self.queued: Counter[ReclaimKey] = Counter()  # submitted, not handled yet
         self._timers = timers
@@ -98,14 +108,14 @@ class NoticeBook:
             if known.timer is not None:
                 known.timer.cancel()
             known.deadline = ev.deadline
-            start = max(now, ev.deadline - self.shrink_margin_s)
+            start = max(now, ev.deadline - self.lead_s)
             self._arm(known, start)
             self._log("reclaim_notice_tightened", notice=known.notice_id, deadline=ev.deadline, shrink_at=start)
             return False
         nid = ev.notice_id or ev.event_id or f"notice-{len(self.notices) + 1}"
         notice = ArmedNotice(ev.key, nid, tuple(ev.gpu_ids), ev.deadline)
         self.notices[ev.key] = notice
-        start = max(now, ev.deadline - self.shrink_margin_s)
+        start = max(now, ev.deadline - self.lead_s)
         self._arm(notice, start)
         self._log("reclaim_notice", notice=nid, gpus=list(ev.gpu_ids), deadline=ev.deadline, shrink_at=start)
         return True
@@ -118,7 +128,20 @@ class NoticeBook:
 
     async def _due(self, notice: ArmedNotice, start: float) -> None:
         await self.clock.sleep_until(start)
+        notice.fired_at = self.clock.now()
         await self._queue_shrink(notice)
+
+    @property
+    def lead_s(self) -> float:
+        """How long before its deadline a shrink starts (module docstring: ``L``)."""
+        return max(self.shrink_margin_s, SHRINK_LEAD_FACTOR * max(self._took, default=0.0))
+
+    def observe(self, notice: ArmedNotice, released_at: float) -> float:
+        """A shrink of ``notice`` released its GPUs at ``released_at``: one duration sample ``d``
+        (from its timer firing, or from now for a shrink started without one); the new lead."""
+        t0 = notice.fired_at if notice.fired_at is not None else released_at
+        self._took.append(max(0.0, released_at - t0))
+        return self.lead_s
 
     def take(self, notice: ArmedNotice) -> bool:
         """The shrink of ``notice`` starts now: False when it was cancelled, dropped with its GPUs

@@ -358,3 +358,49 @@ def test_a_due_shrink_waits_on_the_queue_for_the_handler_in_progress() -> None:
     after = kinds[kinds.index("shrink") + 1:]
     assert after[0] == "replan" and el.notices == {}
     assert not {"p0"} & set(el.executor.state.gpus)
+
+
+class _SlowShrink(ClusterRebuilder):
+    """The rebuilder whose shrink takes ``took_s`` more (a server that is slow to drain and stop)."""
+
+    took_s = 8.0
+
+    async def shrink(self, gpu_ids, deadline):  # type: ignore[no-untyped-def]
+        await self.clock.sleep(self.took_s)
+        return await super().shrink(gpu_ids, deadline)
+
+
+def test_a_slow_shrink_lengthens_the_lead_of_the_next_one() -> None:
+    """The shrink lead is measured: the first shrink starts ``shrink_margin_s`` (5 s) before its
+    deadline and, taking 8 s, misses it; the next starts 1.5 x 8 = 12 s before its deadline and meets it."""
+
+    async def main():
+        clock = LoopClock()
+        r = rig(clock, _state(0), _cfg())
+        rb = _SlowShrink(r.executor, r.engine, clock, r.latest_weights)
+        tg = ToggleManager(r.executor, r.engine, clock, r.cfg.cluster.tp_size)
+        el = ElasticScheduler(r.cfg, clock, r.executor, rb, tg, r.tracker, r.pipeline)
+        await _started(el)
+        await el.submit(_grant("p0", "p1", eid="g1"), wait=True)
+        (grp,) = el.rebuilder.pending()
+        assert grp.task is not None
+        await grp.task
+        await el.idle()
+        assert el.book.lead_s == 5.0
+        t1 = clock.now()
+        await el.submit(ReclaimNotice(("p0",), deadline=t1 + 60.0, notice_id="n1"), wait=True)
+        await clock.sleep(70.0)
+        await el.idle()
+        t2 = clock.now()
+        await el.submit(ReclaimNotice(("p1",), deadline=t2 + 60.0, notice_id="n2"), wait=True)
+        await clock.sleep(70.0)
+        await el.idle()
+        await el.close()
+        return el, t1, t2
+
+    el, t1, t2 = run_virtual(main())
+    first, second = el.shrinks
+    assert first["started_at"] == pytest.approx(t1 + 55.0 + 8.0) and not first["met_deadline"]
+    assert el.book.lead_s == pytest.approx(12.0)
+    assert second["started_at"] == pytest.approx(t2 + 48.0 + 8.0) and second["met_deadline"]
+    assert [h["next_lead_s"] for h in el.history if h["kind"] == "shrink"] == [pytest.approx(12.0)] * 2
