@@ -206,12 +206,13 @@ def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: in
     for rnd in range(ITERATIONS):
         tau = tau_at(n)
         d = st.o * tau
+        busy = m_o * tau  # m D: the decode work of a worker's m trajectories per turn
         z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
         w = prefill_wait(z)
         c_lat = w + fixed + d
-        c_d = m_o * tau / n
+        c_d = busy / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * (n + np.minimum(np.maximum(m * d / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
+        n = 0.5 * (n + np.minimum(np.maximum(busy / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
         if rnd > 0 and converged(prev, c_cyc):
             break
     return w, n, c_lat, c_cyc, c_d
