@@ -75,14 +75,12 @@ reductions, checked against the term-by-term evaluation (``makespan_reference``,
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.hardware import HardwareProfile
+from pearl.core.hardware import HardwareProfile, decode_memory_bound, memory_fixed
 from pearl.core.queueing import ClosedWait, prefill_service_scv
 from pearl.core.stages import F64, ITERATIONS, Stages, converged, pool_tail, stages
 from pearl.core.telemetry import Mode
@@ -148,33 +146,9 @@ def disaggregated_makespan(
 def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
     """Whether ``tau(n, L)`` is on the roofline's memory branch for every ``1 <= n <= B`` at every
     stage's context and every live slowest-path turn's (module docstring, "Evaluation")."""
-    if hw.b_e < 0.0 or not 0.0 <= hw.experts_frac < 1.0 or hw.expert_floor > 1.0:
-        return False
     st = stages(wl, Mode.DISAGGREGATED)
     ctx = [(st.x + st.c + st.o / 2.0).reshape(-1)] + [turn[2].reshape(-1) for turn in _path_turns(hw, wl)]
-    every: F64 = np.concatenate(ctx)
-    for n in (1.0, max(float(batch), 1.0)):
-        memory, compute = hw.decode_branches(np.full_like(every, n), every)
-        if not bool(np.all(memory >= compute)):
-            return False
-    return True
-
-
-def _memory_fixed(hw: HardwareProfile) -> Callable[[F64], F64]:
-    """``F(n) = b0 + b_e f_E(n)`` (``HardwareProfile.decode_fixed_s``) for ``n >= 1``, written with
-    one exponential: ``b_e f_E(n) = b_e - b_e (1 - f) (1 - k/E)^n`` (a dense model: ``F = b0``)."""
-    if hw.experts_frac <= 0.0:
-        b0 = hw.b0
-
-        def dense(nn: F64) -> F64:
-            return b0 + 0.0 * nn
-        return dense
-    c0, c1, lg = hw.b0 + hw.b_e, hw.b_e * (1.0 - max(hw.expert_floor, 0.0)), math.log1p(-hw.experts_frac)
-
-    def moe(nn: F64) -> F64:
-        out: F64 = c0 - c1 * np.exp(nn * lg)
-        return out
-    return moe
+    return decode_memory_bound(hw, np.concatenate(ctx), float(batch))
 
 
 def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: int, bk: F64, p: F64,
@@ -187,7 +161,7 @@ def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: in
     slopes = hw.decode_slopes(ctx)
     memory = _memory_bound(hw, wl, batch)
     kv = slopes[0]
-    fixed_s = _memory_fixed(hw)
+    fixed_s = memory_fixed(hw)
 
     def tau_at(nn: F64) -> F64:
         out: F64 = fixed_s(nn) + nn * kv if memory else hw.decode_step_s(nn, ctx, slopes)
@@ -258,7 +232,7 @@ def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: Ta
     fe[:, -1] = np.inf
     fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
     if memory_bound:
-        ef: F64 | None = _memory_fixed(hw)(nf)  # F_s per (candidate, stage)
+        ef: F64 | None = memory_fixed(hw)(nf)  # F_s per (candidate, stage)
     else:
         ef = hw.decode_experts_s(nf) if hw.experts_frac > 0.0 else None
     idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
