@@ -118,10 +118,10 @@ class ClosedWait:
         need = math.ceil(float(np.max(m))) + 1 if m.size else 2
         k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
         self.corners = _closed_wait_corners(k_max, round(float(cs2), 3))
-        lo = np.clip(np.floor(m), 1, k_max - 1).astype(np.intp)
+        lo = np.minimum(np.maximum(np.floor(m), 1.0), k_max - 1.0).astype(np.intp)
         self.width = _RATIO_GRID.size - 1
         self.base = lo * _RATIO_GRID.size  # T[floor(m), 0] in the flat table
-        fm = np.clip(m - lo, 0.0, 1.0)
+        fm = np.minimum(np.maximum(m - lo, 0.0), 1.0)
         scale = np.where(m < 1.0, 0.0, p)  # W = p x (W / p); m < 1 waits 0
         self.w_lo, self.w_hi = (1.0 - fm) * scale, fm * scale  # the weights of rows floor(m), floor(m) + 1
         self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0]
