@@ -9,12 +9,20 @@ decode worker needs every KV entry of the prompt), ``L = x + c + o / 2``; damped
 
     W      = W_closed(m_P, P, Z, c_s^2)        wait in one prefill worker's queue (``queueing``)
     Z      = max(C - W - P, X + D + e)         the rest of a trajectory's cycle
-    D      = o tau(n, L)                       decode runs alone: no interference
+    n_s    = 1 + (m - 1) n / m                 the decode batch a decoding trajectory sees
+    D      = o tau(n_s, L)                     decode runs alone: no interference
     C_lat  = W + P + X + D + e                 prefill path (with the transfer) + decode + env
     C_P    = B_s P / N_P                       the prefill pool at full capacity
     C_D    = (m o / n) tau(n, L)               the decode pool's throughput bound
     C      = max(C_lat, C_P, C_D)
     n      = clip(m D / C, 1, m)
+
+``n`` is the mean number of the worker's ``m`` trajectories decoding (Little's law); a decoding
+trajectory sees itself and each of the other ``m - 1`` decoding with probability ``n / m`` (the
+inspection paradox, as in ``colocated``): its step runs at ``n_s >= n``. The pool's throughput
+bound runs at the mean ``n``. Measured on the requests' time-weighted decode concurrency
+(``TelemetryRecord.decode_concurrency``): Qwen3-8B 8P18D on 26 workers sees 2.2-2.8 sequences
+where ``n`` is 2.0-2.5 (``make predictor-check``).
 
 Batch start: every trajectory submits its first prompt at once, ``B / N_P`` per prefill worker::
 
@@ -189,8 +197,8 @@ def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
 
 
 def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64) -> tuple[F64, F64, F64, F64, F64]:
-    """The damped fixed point of the module docstring per candidate and stage: ``(W, n, C_lat, C,
-    C_D)``, shape (M, S) each."""
+    """The damped fixed point of the module docstring per candidate and stage: ``(W, n_s, C_lat,
+    C, C_D)``, shape (M, S) each (``n_s``: the decode batch a decoding trajectory sees)."""
     hw, bk, p, xfer, ctx, slopes = terms.hw, terms.bk, terms.p, terms.xfer, terms.ctx, terms.slopes
     m = np.maximum(bk / nd, 1.0)
     memory = terms.memory
@@ -208,22 +216,21 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64) -> tuple[F64
     fixed = terms.fixed
     rest = terms.rest  # a turn's time away from the prefill worker, besides decode
     m_o = m * st.o
+    others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
     c_lat = c_cyc
     c_d = c_cyc
     w = np.zeros_like(c_cyc)
     for rnd in range(ITERATIONS):
-        tau = tau_at(n)
-        d = st.o * tau
-        busy = m_o * tau  # m D: the decode work of a worker's m trajectories per turn
+        d = st.o * tau_at(1.0 + others * n)  # at the batch a decoding trajectory sees
         z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
         w = prefill_wait(z)
         c_lat = w + fixed + d
-        c_d = busy / n
+        c_d = m_o * tau_at(n) / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * (n + np.minimum(np.maximum(busy / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
+        n = 0.5 * (n + np.minimum(np.maximum(m * d / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
         if rnd > 0 and converged(prev, c_cyc):
             break
-    return w, n, c_lat, c_cyc, c_d
+    return w, 1.0 + others * n, c_lat, c_cyc, c_d
 
 
 @functools.lru_cache(maxsize=64)
