@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
-from pearl.core.hardware import HardwareProfile
+from pearl.core.hardware import HardwareProfile, decode_memory_bound, memory_fixed
 from pearl.core.stages import F64, ITERATIONS, converged, stages
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
@@ -73,17 +74,21 @@ def colocated_makespan(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_w
     p = st.prefill(hw)
     ctx = st.x + st.c + st.o / 2.0
     slopes = hw.decode_slopes(ctx)
+    tau_at = _decode_step(hw, slopes, ctx, _memory_bound(hw, wl, batch))
     n = m.copy()
-    c_cyc = p + st.o * hw.decode_step_s(n, ctx, slopes) + st.e
-    c_cap = m * p + st.o * hw.decode_step_s(m, ctx, slopes)
+    c_cyc = p + st.o * tau_at(n) + st.e
+    m_p = m * p
+    c_cap = m_p + st.o * tau_at(m)
+    others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
+    half_p, p_e = p / 2.0, p + st.e
     for rnd in range(ITERATIONS):
-        tau = hw.decode_step_s(1.0 + (m - 1.0) * n / m, ctx, slopes)  # the batch a decoding trajectory sees
-        u = np.minimum(m * p / c_cyc, U_CAP_COLOCATED)
-        d = st.o * tau / (1.0 - u * (m - 1.0) / m)
-        w = u * p / (2.0 * (1.0 - u))
-        c_lat = w + p + d + st.e
+        tau = tau_at(1.0 + others * n)  # the batch a decoding trajectory sees
+        u = np.minimum(m_p / c_cyc, U_CAP_COLOCATED)
+        d = st.o * tau / (1.0 - u * others)
+        w = u * half_p / (1.0 - u)
+        c_lat = w + d + p_e
         prev, c_cyc = c_cyc, np.maximum(c_lat, c_cap)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        n = 0.5 * (n + np.minimum(np.maximum(m * d / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
         if rnd > 0 and converged(prev, c_cyc):
             break
     weights, rho0 = st.path(wl, batch)
@@ -92,6 +97,30 @@ def colocated_makespan(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_w
     start = np.maximum(m0[:, 0] - 1.0, 0.0) * st.first_prefill(hw) / 2.0
     total: F64 = factor * ((weights * c_cyc * waves).sum(axis=1) + start)
     return total
+
+
+def _decode_step(hw: HardwareProfile, slopes: tuple[F64, F64], ctx: F64, memory: bool) -> Callable[[F64], F64]:
+    """``tau(n, L)`` at the stages' contexts: on the memory branch ``b0 + b_e f_E(n) + b2 n L``
+    where it holds for every batch the fixed point can reach (``memory``), else the roofline."""
+    if not memory:
+        def roofline(nn: F64) -> F64:
+            out: F64 = hw.decode_step_s(nn, ctx, slopes)
+            return out
+        return roofline
+    fixed, kv = memory_fixed(hw), slopes[0]
+
+    def memory_branch(nn: F64) -> F64:
+        out: F64 = fixed(nn) + nn * kv
+        return out
+    return memory_branch
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
+    """Whether ``tau(n, L)`` is on the memory branch for every ``1 <= n <= B`` at every colocated
+    stage's context (``decode_memory_bound``)."""
+    st = stages(wl, Mode.COLOCATED)
+    return decode_memory_bound(hw, (st.x + st.c + st.o / 2.0).reshape(-1), float(batch))
 
 
 def colocated_makespan_idle_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_workers: F64) -> F64:

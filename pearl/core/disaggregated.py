@@ -9,12 +9,20 @@ decode worker needs every KV entry of the prompt), ``L = x + c + o / 2``; damped
 
     W      = W_closed(m_P, P, Z, c_s^2)        wait in one prefill worker's queue (``queueing``)
     Z      = max(C - W - P, X + D + e)         the rest of a trajectory's cycle
-    D      = o tau(n, L)                       decode runs alone: no interference
+    n_s    = 1 + (m - 1) n / m                 the decode batch a decoding trajectory sees
+    D      = o tau(n_s, L)                     decode runs alone: no interference
     C_lat  = W + P + X + D + e                 prefill path (with the transfer) + decode + env
     C_P    = B_s P / N_P                       the prefill pool at full capacity
     C_D    = (m o / n) tau(n, L)               the decode pool's throughput bound
     C      = max(C_lat, C_P, C_D)
     n      = clip(m D / C, 1, m)
+
+``n`` is the mean number of the worker's ``m`` trajectories decoding (Little's law); a decoding
+trajectory sees itself and each of the other ``m - 1`` decoding with probability ``n / m`` (the
+inspection paradox, as in ``colocated``): its step runs at ``n_s >= n``. The pool's throughput
+bound runs at the mean ``n``. Measured on the requests' time-weighted decode concurrency
+(``TelemetryRecord.decode_concurrency``): Qwen3-8B 8P18D on 26 workers sees 2.2-2.8 sequences
+where ``n`` is 2.0-2.5 (``make predictor-check``).
 
 Batch start: every trajectory submits its first prompt at once, ``B / N_P`` per prefill worker::
 
@@ -75,14 +83,12 @@ reductions, checked against the term-by-term evaluation (``makespan_reference``,
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.hardware import HardwareProfile
+from pearl.core.hardware import HardwareProfile, decode_memory_bound, memory_fixed
 from pearl.core.queueing import ClosedWait, prefill_service_scv
 from pearl.core.stages import F64, ITERATIONS, Stages, converged, pool_tail, stages
 from pearl.core.telemetry import Mode
@@ -121,9 +127,8 @@ def disaggregated_makespan(
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
         npf, nd = uniq[:, :1], uniq[:, 1:]
         inv = inv.reshape(-1)
-    bk = batch * st.alive
-    p = st.prefill(hw)
-    w, n, c_lat, c_cyc, c_d = _fixed_point(hw, wl, st, batch, bk, p, npf, nd)
+    terms = _stage_terms(hw, wl, batch)
+    w, n, c_lat, c_cyc, c_d = _fixed_point(st, terms, npf, nd)
     tail = pool_tail(wl)
     paths = tail is not None and bool(st.turns.size)
     if tail is not None and paths:
@@ -135,59 +140,70 @@ def disaggregated_makespan(
     pace = (st.turns * np.maximum(c_lat, c_d)).sum(axis=1)
     if inv is not None:
         per, pace = per[inv], pace[inv]
-    start = np.maximum(batch / npf_all[:, 0] - 1.0, 0.0) * st.first_prefill(hw) / 2.0
+    start = np.maximum(batch / npf_all[:, 0] - 1.0, 0.0) * terms.half_first_prefill
     total: F64 = per + start if paths else factor * (per + start)
     kv_ok = (batch * wl.k_seq <= nd_all[:, 0] * hw.kv_capacity_tokens)
-    held = float((bk * (st.x + st.c)).max())  # max_s B_s (x_s + c_s): the prefixes the prefill pool holds
+    held = terms.held
     cache_ok = held <= npf_all[:, 0] * hw.kv_capacity_tokens
-    u_batch = (st.turns * bk * p).sum(axis=1) / (npf_all[:, 0] * pace)
+    u_batch = terms.prefill_work / (npf_all[:, 0] * pace)
     return DisaggResult(total, u_batch <= u_max, kv_ok, u_batch, cache_ok, held)
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTerms:
+    """What the fixed point and the bounds read that does not depend on the candidate, per stage
+    (shape (1, S)): ``B_s``, ``P``, ``X``, ``L``, the decode slopes, ``P + X + e``, ``X + e``; and
+    ``sum_s T_s B_s P_s``, ``max_s B_s (x_s + c_s)``, ``P_1 / 2``, c_s^2, the memory-branch flag."""
+
+    bk: F64
+    p: F64
+    xfer: F64
+    ctx: F64
+    slopes: tuple[F64, F64]
+    fixed: F64
+    rest: F64
+    prefill_work: float
+    held: float
+    half_first_prefill: float
+    scv: float
+    memory: bool
+    hw: HardwareProfile
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_terms(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> _StageTerms:
+    """``_StageTerms`` of the prefill pool's stages (cached per profiles and batch)."""
+    st = stages(wl, Mode.DISAGGREGATED)
+    bk = batch * st.alive
+    p = st.prefill(hw)
+    xfer = hw.transfer_s(st.x + st.c)
+    ctx = st.x + st.c + st.o / 2.0
+    out = _StageTerms(
+        bk, p, xfer, ctx, hw.decode_slopes(ctx), p + xfer + st.e, xfer + st.e,
+        float((st.turns * bk * p).sum()), float((bk * (st.x + st.c)).max()) if st.x.size else 0.0,
+        float(st.first_prefill(hw)) / 2.0, prefill_service_scv(hw, wl), _memory_bound(hw, wl, batch), hw)
+    for a in (bk, p, xfer, ctx, *out.slopes, out.fixed, out.rest):
+        a.setflags(write=False)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
 def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
     """Whether ``tau(n, L)`` is on the roofline's memory branch for every ``1 <= n <= B`` at every
     stage's context and every live slowest-path turn's (module docstring, "Evaluation")."""
-    if hw.b_e < 0.0 or not 0.0 <= hw.experts_frac < 1.0 or hw.expert_floor > 1.0:
-        return False
     st = stages(wl, Mode.DISAGGREGATED)
     ctx = [(st.x + st.c + st.o / 2.0).reshape(-1)] + [turn[2].reshape(-1) for turn in _path_turns(hw, wl)]
-    every: F64 = np.concatenate(ctx)
-    for n in (1.0, max(float(batch), 1.0)):
-        memory, compute = hw.decode_branches(np.full_like(every, n), every)
-        if not bool(np.all(memory >= compute)):
-            return False
-    return True
+    return decode_memory_bound(hw, np.concatenate(ctx), float(batch))
 
 
-def _memory_fixed(hw: HardwareProfile) -> Callable[[F64], F64]:
-    """``F(n) = b0 + b_e f_E(n)`` (``HardwareProfile.decode_fixed_s``) for ``n >= 1``, written with
-    one exponential: ``b_e f_E(n) = b_e - b_e (1 - f) (1 - k/E)^n`` (a dense model: ``F = b0``)."""
-    if hw.experts_frac <= 0.0:
-        b0 = hw.b0
-
-        def dense(nn: F64) -> F64:
-            return b0 + 0.0 * nn
-        return dense
-    c0, c1, lg = hw.b0 + hw.b_e, hw.b_e * (1.0 - max(hw.expert_floor, 0.0)), math.log1p(-hw.experts_frac)
-
-    def moe(nn: F64) -> F64:
-        out: F64 = c0 - c1 * np.exp(nn * lg)
-        return out
-    return moe
-
-
-def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: int, bk: F64, p: F64,
-                 npf: F64, nd: F64) -> tuple[F64, F64, F64, F64, F64]:
-    """The damped fixed point of the module docstring per candidate and stage: ``(W, n, C_lat, C,
-    C_D)``, shape (M, S) each."""
+def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64) -> tuple[F64, F64, F64, F64, F64]:
+    """The damped fixed point of the module docstring per candidate and stage: ``(W, n_s, C_lat,
+    C, C_D)``, shape (M, S) each (``n_s``: the decode batch a decoding trajectory sees)."""
+    hw, bk, p, xfer, ctx, slopes = terms.hw, terms.bk, terms.p, terms.xfer, terms.ctx, terms.slopes
     m = np.maximum(bk / nd, 1.0)
-    xfer = hw.transfer_s(st.x + st.c)
-    ctx = st.x + st.c + st.o / 2.0
-    slopes = hw.decode_slopes(ctx)
-    memory = _memory_bound(hw, wl, batch)
+    memory = terms.memory
     kv = slopes[0]
-    fixed_s = _memory_fixed(hw)
+    fixed_s = memory_fixed(hw)
 
     def tau_at(nn: F64) -> F64:
         out: F64 = fixed_s(nn) + nn * kv if memory else hw.decode_step_s(nn, ctx, slopes)
@@ -195,26 +211,26 @@ def _fixed_point(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, batch: in
 
     n = m.copy()
     c_cyc = p + xfer + st.o * tau_at(n) + st.e
-    prefill_wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
+    prefill_wait = ClosedWait(bk / npf, p, terms.scv)
     c_p = bk * p / npf  # B_s P / N_P: the pool at full capacity
-    fixed = p + xfer + st.e
-    rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode
+    fixed = terms.fixed
+    rest = terms.rest  # a turn's time away from the prefill worker, besides decode
     m_o = m * st.o
+    others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
     c_lat = c_cyc
     c_d = c_cyc
     w = np.zeros_like(c_cyc)
     for rnd in range(ITERATIONS):
-        tau = tau_at(n)
-        d = st.o * tau
+        d = st.o * tau_at(1.0 + others * n)  # at the batch a decoding trajectory sees
         z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
         w = prefill_wait(z)
         c_lat = w + fixed + d
-        c_d = m_o * tau / n
+        c_d = m_o * tau_at(n) / n
         prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
         n = 0.5 * (n + np.minimum(np.maximum(m * d / c_cyc, 1.0), m))  # halfway to the clip to [1, m]
         if rnd > 0 and converged(prev, c_cyc):
             break
-    return w, n, c_lat, c_cyc, c_d
+    return w, 1.0 + others * n, c_lat, c_cyc, c_d
 
 
 @functools.lru_cache(maxsize=64)
@@ -238,6 +254,19 @@ def _path_turns(hw: HardwareProfile, wl: WorkloadProfile) -> tuple[tuple[int, F6
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=64)
+def _path_weights(hw: HardwareProfile, wl: WorkloadProfile) -> tuple[F64, ...]:
+    """Per turn k of the slowest paths, for the memory branch: ``(1, P + X + e, o, o b2 L)`` of the
+    rows still on their paths, shape (live rows, 4, 1): the turn's time is this vector's product
+    with the stage's ``(C/C_lat W, C/C_lat, C/C_lat F_s, C/C_lat n)`` (``_slowest_path``; cached)."""
+    out: list[F64] = []
+    for lv, fixed, _ctx, kv, _cp, o in _path_turns(hw, wl):
+        vec = np.stack([np.ones(lv), fixed[:, 0], o[:, 0], (o * kv)[:, 0]], axis=1)[:, :, None]
+        vec.setflags(write=False)
+        out.append(vec)
+    return tuple(out)
+
+
 def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: TailArrays,
                   w: F64, n: F64, c_lat: F64, c_cyc: F64, memory_bound: bool) -> F64:
     """``sum_w omega_w max_{j in w} sum_k T_jk`` over the kept windows' slowest trajectories ``j``
@@ -245,7 +274,9 @@ def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: Ta
     ``c_cyc`` are the per-stage states, shape (M, S). Every path of every window advances together:
     arrays (paths, candidates), longest path first (``workload.TailArrays``), so that turn k
     updates the leading rows still on their paths. With ``memory_bound`` the step is ``tau = F_s +
-    n_s b2 L`` with ``F_s = b0 + b_e f_E(n_s)`` held per stage (``_memory_bound``)."""
+    n_s b2 L`` with ``F_s = b0 + b_e f_E(n_s)`` held per stage (``_memory_bound``), and a turn's
+    time ``(W_s + P + X + e + o tau) C_s / C_lat,s`` is one product of the stage's vector with the
+    turn's (``_path_weights``)."""
     m_cand, n_stages = w.shape
     rows = np.arange(m_cand)
     front_end = np.cumsum(st.turns * c_cyc, axis=1)  # E_s, (M, S)
@@ -256,25 +287,24 @@ def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: Ta
     fe = front_end.copy()
     fe[:, -1] = np.inf
     fe, nf, wf, sf = fe.ravel(), n.ravel(), w.ravel(), stretch.ravel()
-    if memory_bound:
-        ef: F64 | None = _memory_fixed(hw)(nf)  # F_s per (candidate, stage)
+    if memory_bound:  # per (candidate, stage): the vector the turn's weights multiply
+        state = np.stack((sf * wf, sf, sf * memory_fixed(hw)(nf), sf * nf), axis=1)
+    elif hw.experts_frac > 0.0:
+        state = np.stack((nf, wf, sf, hw.decode_experts_s(nf)), axis=1)
     else:
-        ef = hw.decode_experts_s(nf) if hw.experts_frac > 0.0 else None
+        state = np.stack((nf, wf, sf), axis=1)
     idx = np.broadcast_to((rows * n_stages)[None, :], t.shape).copy()
-    # each path's current stage's (E_s, n, W, C / C_lat, F_s or b_e f_E(n)), shape (paths,
-    # candidates): gathered once, then again only where a stage advanced (a path changes stage a
-    # few times in a batch)
-    sources = (fe, nf, wf, sf) if ef is None else (fe, nf, wf, sf, ef)
-    held = [src[idx] for src in sources]
-    flat_idx, flat_held = idx.reshape(-1), [h.reshape(-1) for h in held]
+    # each path's current stage's E_s and state, shape (paths, candidates) and (paths, candidates,
+    # columns): gathered once, then again only where a stage advanced (a path changes stage a few
+    # times in a batch)
+    held_fe, held = fe[idx], state.take(idx, axis=0)
+    flat_idx, flat_fe, flat_held = idx.reshape(-1), held_fe.reshape(-1), held.reshape(-1, state.shape[1])
+    weights = _path_weights(hw, wl) if memory_bound else None
     live = -1
-    for lv, fixed, ctx, kv, cp, o in _path_turns(hw, wl):
+    for k, (lv, fixed, ctx, kv, cp, o) in enumerate(_path_turns(hw, wl)):
         if lv != live:  # the leading rows still on their paths: views, written through
             live = lv
-            ix, tk = idx[:lv], t[:lv]
-            now = [h[:lv] for h in held]
-            bound, n_at, w_at, s_at = now[:4]
-            e_at = now[4] if ef is not None else None
+            ix, tk, bound, now = idx[:lv], t[:lv], held_fe[:lv], held[:lv]
         for _ in range(n_stages):
             adv = bound < tk
             moved_n = np.count_nonzero(adv)
@@ -284,16 +314,17 @@ def _slowest_path(hw: HardwareProfile, wl: WorkloadProfile, st: Stages, tail: Ta
             if moved_n * 8 < adv.size:
                 moved = np.flatnonzero(adv)  # flat positions: the leading rows are a prefix of the arrays
                 at = flat_idx[moved]
-                for src, h in zip(sources, flat_held, strict=True):
-                    h[moved] = src[at]
+                flat_fe[moved] = fe[at]
+                flat_held[moved] = state.take(at, axis=0)
             else:
-                for src, h in zip(sources, now, strict=True):
-                    h[...] = src[ix]
-        if memory_bound and e_at is not None:
-            tau = e_at + n_at * kv
+                bound[...] = fe[ix]
+                now[...] = state.take(ix, axis=0)
+        if weights is not None:
+            tk += (now @ weights[k])[:, :, 0]
         else:
-            tau = hw.decode_step_s(n_at, ctx, (kv, cp), e_at)
-        tk += (w_at + fixed + o * tau) * s_at
+            n_at, w_at, s_at = now[:, :, 0], now[:, :, 1], now[:, :, 2]
+            tau = hw.decode_step_s(n_at, ctx, (kv, cp), now[:, :, 3] if now.shape[2] > 3 else None)
+            tk += (w_at + fixed + o * tau) * s_at
     by_path = t[tail.rows]
     total = np.zeros(m_cand, dtype=np.float64)
     i = 0

@@ -97,7 +97,10 @@ def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alp
     """Calibrate ``prior``'s scales on telemetry (module docstring); EMA weight ``alpha`` (1 on the
     first window: ``first_window_alpha``). ``iterations``: the window's iteration records; they join
     the profile's decode-sample store, and once a role holds enough samples the decode step is
-    fitted on the store (``iteration_fit``) instead of on the requests."""
+    fitted on the store (``iteration_fit``) instead of on the requests. Where a worker that served
+    requests in the window (a record's ``worker_id``) logged no iteration, the window's iterations
+    are not used (``silent_worker``, counted once per such worker): the store and the decode step
+    fitted on it stay as they were."""
     why: Counter[Rejection] = Counter()
     recs: list[TelemetryRecord] = []
     for r in records:
@@ -107,7 +110,10 @@ def fit_hardware(prior: HardwareProfile, records: Sequence[TelemetryRecord], alp
         else:
             why[bad] += 1
     base = prior
-    if iterations:
+    silent = {r.worker_id for r in recs if r.worker_id} - {it.worker_id for it in iterations} if iterations else set()
+    if silent:  # a worker served requests but logged no iteration: the window's iterations are incomplete
+        why[Rejection.SILENT_WORKER] += len(silent)
+    elif iterations:
         base, why_it = with_samples(prior, iterations)
         why.update(why_it)
     refit = refit_decode(base) if base.decode_samples.buckets else None
@@ -216,10 +222,11 @@ def fit_workload(prior: WorkloadProfile, records: Sequence[TelemetryRecord], alp
         else:
             why[bad] += 1
     recs = _colocated_basis(good)
+    silent = set(serving) - {r.worker_id for r in recs}
+    if silent:
+        why[Rejection.SILENT_WORKER] += len(silent)
     if not recs:
         return replace(prior, rejected=prior.rejected.plus(why)) if why else prior
-    silent = set(serving) - {r.worker_id for r in recs}
-    why[Rejection.SILENT_WORKER] += len(silent)
     try:
         fit = _fit_workload_window(prior, recs, alpha, bool(silent))
     except (OverflowError, ZeroDivisionError):  # finite records whose sums overflow: no fit

@@ -42,6 +42,7 @@ data sheets; telemetry calibrates its scales (``fitting.fit_hardware``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -249,3 +250,35 @@ class HardwareProfile:
     def transfer_s(self, tokens: Num) -> Num:
         """``X(t) = g0 + g1 t``."""
         return self.g0 + self.g1 * _clip0(tokens)
+
+
+def memory_fixed(hw: HardwareProfile) -> Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]:
+    """``F(n) = b0 + b_e f_E(n)`` (``HardwareProfile.decode_fixed_s``) for ``n >= 1``, written with
+    one exponential: ``b_e f_E(n) = b_e - b_e (1 - f) (1 - k/E)^n`` (a dense model: ``F = b0``)."""
+    if hw.experts_frac <= 0.0:
+        b0 = hw.b0
+
+        def dense(nn: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+            out: npt.NDArray[np.float64] = b0 + 0.0 * nn
+            return out
+        return dense
+    c0, c1, lg = hw.b0 + hw.b_e, hw.b_e * (1.0 - max(hw.expert_floor, 0.0)), math.log1p(-hw.experts_frac)
+
+    def moe(nn: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        out: npt.NDArray[np.float64] = c0 - c1 * np.exp(nn * lg)
+        return out
+    return moe
+
+
+def decode_memory_bound(hw: HardwareProfile, contexts: npt.NDArray[np.float64], n_max: float) -> bool:
+    """Whether ``tau(n, L)`` is on the roofline's memory branch for every ``1 <= n <= n_max`` at
+    every context ``L`` of ``contexts``: ``memory - compute = (b0 - a0) + b_e f_E(n) + n (b2 L - b1
+    - b3 L)`` is concave in ``n`` (``f_E`` is, ``b_e >= 0``), so checking ``n = 1`` and ``n =
+    n_max`` decides it."""
+    if hw.b_e < 0.0 or not 0.0 <= hw.experts_frac < 1.0 or hw.expert_floor > 1.0:
+        return False
+    for n in (1.0, max(n_max, 1.0)):
+        memory, compute = hw.decode_branches(np.full_like(contexts, n), contexts)
+        if not bool(np.all(memory >= compute)):
+            return False
+    return True

@@ -61,7 +61,7 @@ def reference_disaggregated_makespan(
     w = np.zeros_like(c_cyc)
     for rnd in range(ITERATIONS):
         tau = hw.decode_step_s(n, ctx, slopes)
-        d = st.o * tau
+        d = st.o * hw.decode_step_s(1.0 + (m - 1.0) * n / m, ctx, slopes)  # the batch a decoding trajectory sees
         z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
         w = prefill_wait(z)
         c_lat = w + fixed + d
@@ -77,7 +77,7 @@ def reference_disaggregated_makespan(
     total: F64
     tail = pool_tail(wl)
     if tail is not None and st.turns.size:
-        total = _slowest_path(hw, wl, st, tail, w, n, c_lat, c_cyc) + start
+        total = _slowest_path(hw, wl, st, tail, w, 1.0 + (m - 1.0) * n / m, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)
         total = factor * ((weights * c_cyc).sum(axis=1) + start)

@@ -25,8 +25,8 @@ linearly in ``m`` between floor(m) and floor(m) + 1 (``m < 1`` waits 0) and line
 ``log(z / p)``. The interpolation error is under 0.1 % of ``W``
 (``tests/core/test_makespan_queue.py``); a table takes 8 (k_max + 1) G bytes, G = 1121, k_max the
 power of two above max m (at least 16; B = 64: 128, 1.2 MB; at most 4 cached). A lookup reads the
-cell's four corners ``T[k, j], T[k, j + 1], T[k + 1, j], T[k + 1, j + 1]`` (four gathers from the
-flat table).
+cell's corners and slopes ``T[k, j], T[k, j + 1] - T[k, j], T[k + 1, j], T[k + 1, j + 1] - T[k + 1,
+j]`` (four gathers from tables built once, four times the table's bytes).
 """
 
 from __future__ import annotations
@@ -85,13 +85,18 @@ def _closed_wait_table(k_max: int, cs2: float) -> F64:
 
 @functools.lru_cache(maxsize=4)
 def _closed_wait_corners(k_max: int, cs2: float) -> tuple[F64, F64, F64, F64]:
-    """The table flat (``T[k, j]`` at ``k G + j``) and as the views whose entry ``k G + j`` is
-    ``T[k, j]``, ``T[k, j + 1]``, ``T[k + 1, j]``, ``T[k + 1, j + 1]``: a cell's corners are four
-    gathers at one index."""
-    flat = _closed_wait_table(k_max, cs2).reshape(-1)
-    flat.setflags(write=False)
+    """Per flat index ``i = k G + j`` (k < k_max, G = the grid's size): ``T[k, j]``, ``T[k, j + 1] -
+    T[k, j]``, ``T[k + 1, j]``, ``T[k + 1, j + 1] - T[k + 1, j]``, each of shape (k_max G,): a
+    cell's corners and slopes are four gathers at one index (j = G - 1 reads the next row's first
+    entry, never used: the grid position stays below G - 1)."""
+    flat = np.append(_closed_wait_table(k_max, cs2).reshape(-1), 0.0)  # + 1: the last cell's unused slope
     g = _RATIO_GRID.size
-    return flat, flat[1:], flat[g:], flat[g + 1 :]
+    n = k_max * g
+    lo, hi = flat[:n], flat[g : n + g]
+    out = (lo.copy(), flat[1 : n + 1] - lo, hi.copy(), flat[g + 1 : n + g + 1] - hi)
+    for a in out:
+        a.setflags(write=False)
+    return out
 
 
 def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
@@ -113,10 +118,10 @@ class ClosedWait:
         need = math.ceil(float(np.max(m))) + 1 if m.size else 2
         k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
         self.corners = _closed_wait_corners(k_max, round(float(cs2), 3))
-        lo = np.clip(np.floor(m), 1, k_max - 1).astype(np.intp)
+        lo = np.minimum(np.maximum(np.floor(m), 1.0), k_max - 1.0).astype(np.intp)
         self.width = _RATIO_GRID.size - 1
         self.base = lo * _RATIO_GRID.size  # T[floor(m), 0] in the flat table
-        fm = np.clip(m - lo, 0.0, 1.0)
+        fm = np.minimum(np.maximum(m - lo, 0.0), 1.0)
         scale = np.where(m < 1.0, 0.0, p)  # W = p x (W / p); m < 1 waits 0
         self.w_lo, self.w_hi = (1.0 - fm) * scale, fm * scale  # the weights of rows floor(m), floor(m) + 1
         self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0]
@@ -128,7 +133,6 @@ class ClosedWait:
         j = pos.astype(np.intp)  # floor: pos >= 0
         fj = pos - j
         at = self.base + j
-        c00, c01, c10, c11 = self.corners
-        t00, t01, t10, t11 = c00[at], c01[at], c10[at], c11[at]
-        w: F64 = (t00 + fj * (t01 - t00)) * self.w_lo + (t10 + fj * (t11 - t10)) * self.w_hi
+        t0, s0, t1, s1 = self.corners
+        w: F64 = (t0[at] + fj * s0[at]) * self.w_lo + (t1[at] + fj * s1[at]) * self.w_hi
         return w  # >= 0: the table is, and the weights are

@@ -20,7 +20,9 @@ bad_tokens          a negative token count, more cached than prompt tokens, a ba
 clock_backwards     an iteration that ends before it starts, or starts before its worker's
                     previous iteration ended
 silent_worker       a worker said to be serving reported nothing in the window (its load and its
-                    trajectories are missing: the window's tail statistics are not used)
+                    trajectories are missing: the window's tail statistics are not used), or a
+                    worker that served requests logged no engine iteration (the window's
+                    iterations are not used: the decode step keeps its fit)
 non_physical_fit    a refit with a negative or non-finite coefficient or statistic: the previous
                     profile is kept
 ==================  ===========================================================================

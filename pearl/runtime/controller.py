@@ -59,7 +59,7 @@ from pearl.core.decision import Allocation
 from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, TrainingStarted
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionFactory
-from pearl.core.state import ClusterState, Gpu, Zone
+from pearl.core.state import ClusterState, Gpu, Role, Zone
 from pearl.core.telemetry import IterationLogging, IterationRecord, TelemetryRecord
 from pearl.core.trajectory import TrajectoryRecord
 from pearl.engines.base import InferenceEngine
@@ -180,6 +180,8 @@ class Controller:
         # pairing stays right even if a pipeline ever overlaps consecutive batches)
         self._predicted_at_start: dict[int, float] = {}
         self._allocation_at_start: dict[int, Allocation | None] = {}
+        #: per batch, the workers serving rollout requests at its start (``_serving_throughout``)
+        self._serving_at_start: dict[int, frozenset[str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ construction helpers
@@ -310,6 +312,7 @@ class Controller:
         waits = r > self.pipeline.first_batch
         self._predicted_at_start[r] = self.elastic.batch_forecast(trainer_waits=waits)
         self._allocation_at_start[r] = self.elastic.allocation
+        self._serving_at_start[r] = self._serving_now()
 
     def _on_worker_failed(self, worker_id: str, reason: str) -> None:
         self.elastic.worker_failed(worker_id, reason)
@@ -340,12 +343,25 @@ class Controller:
         if math.isfinite(predicted):
             self.batch_predictions.append((predicted, observed))
         window, self._iterations[:] = list(self._iterations), []
-        self.tracker.refit(window)
+        self.tracker.refit(window, serving=self._serving_throughout(r))
         ran = self._allocation_at_start.pop(r, None)
         if ran is not None and ran == self.elastic.allocation:
             # one configuration ran the whole batch: close the loop on its makespan
             self.tracker.observe_makespan(ran, self.cfg.workload.batch_size, observed)
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
+
+    def _serving_now(self) -> frozenset[str]:
+        """The active workers whose requests carry their id (colocated, decode)."""
+        return frozenset(w.worker_id for w in self.executor.state.active_workers()
+                         if w.role in (Role.COLOCATED, Role.DECODE))
+
+    def _serving_throughout(self, r: int) -> frozenset[str]:
+        """The workers that served batch ``r``'s requests from its start to its end: each of them
+        was handed trajectories (admission spreads the batch over them) and must appear in the
+        window's records (``fitting.fit_workload``, ``silent_worker``). Empty where the pool is
+        larger than the batch (a worker may then rightly serve nothing)."""
+        serving = self._serving_at_start.pop(r, frozenset()) & self._serving_now()
+        return serving if len(serving) <= self.cfg.workload.batch_size else frozenset()
 
     # ------------------------------------------------------------------ ControlPlane
     async def submit(self, event: ElasticEvent, source: str = "trace") -> SubmitResult:

@@ -11,7 +11,7 @@ current profiles, clears the window and returns them. The decision engine reads 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from pearl.core.decision import Allocation, Mode, model_makespan
@@ -59,13 +59,17 @@ class RuntimeTracker:
         corr = self.workload.correction.observe(allocation.n_workers, n_p, model, measured_s)
         self.workload = replace(self.workload, correction=corr)
 
-    def refit(self, iterations: Sequence[IterationRecord] = ()) -> tuple[HardwareProfile, WorkloadProfile]:
+    def refit(self, iterations: Sequence[IterationRecord] = (), serving: Collection[str] = ()
+              ) -> tuple[HardwareProfile, WorkloadProfile]:
         """Fit the window into the profiles (unchanged if the window is empty) and clear it.
-        ``iterations``: the engine's iteration records of the window (``fitting.fit_hardware``)."""
+        ``iterations``: the engine's iteration records of the window (``fitting.fit_hardware``);
+        ``serving``: the workers that served rollout requests throughout the window, where the
+        caller knows them: one that reported nothing is counted (``silent_worker``) and the
+        window's tail statistics are not used (``fitting.fit_workload``)."""
         if self.window or iterations:
             self.hardware = fit_hardware(self.hardware, self.window, self.alpha, iterations)
         if self.window:
-            self.workload = fit_workload(self.workload, self.window, self.alpha)
+            self.workload = fit_workload(self.workload, self.window, self.alpha, serving=serving)
             self.refits += 1
         self.window = []
         return self.hardware, self.workload

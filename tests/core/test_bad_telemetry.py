@@ -89,6 +89,9 @@ def test_a_silent_worker_keeps_the_previous_tail_statistics(prof8b: Prof) -> Non
     assert (silent.tail_factor, silent.tail_paths, silent.tail_by_load) == (
         first.tail_factor, first.tail_paths, first.tail_by_load)
     assert silent.env_s == heard.env_s  # the per-turn statistics are still learned
+    none_heard = fit_workload(first, [], serving={"w0", "w1"})  # every serving worker silent: nothing learned
+    assert none_heard.rejected.to_dict() == {"silent_worker": 2}
+    assert replace(none_heard, rejected=first.rejected) == first
 
 
 def _it(worker: str, start: float, end: float, **kw: object) -> IterationRecord:

@@ -11,7 +11,14 @@ import pytest
 from pearl.config import RunConfig
 from pearl.core.decision import EXTRAPOLATION_MARGIN, Allocation, decide
 from pearl.core.iteration_fit import MIN_SAMPLES, refit_decode
-from pearl.core.profile import HardwareProfile, IterationRecord, Rejection, WorkloadProfile, fit_hardware
+from pearl.core.profile import (
+    HardwareProfile,
+    IterationRecord,
+    Rejection,
+    TelemetryRecord,
+    WorkloadProfile,
+    fit_hardware,
+)
 from pearl.core.telemetry import BUCKET_SAMPLES, DecodeSamples
 
 Prof = tuple[HardwareProfile, WorkloadProfile]
@@ -102,3 +109,23 @@ def test_candidates_outside_the_fitted_range_are_flagged_and_need_more_saving(pr
     assert held.target == Allocation.disaggregated(3, 5) and "4P4D is extrapolated" in held.reason
     moved = decide(8, 64, hw, wl, pol, Allocation.disaggregated(3, 5))  # not fitted: no margin
     assert moved.target == best.allocation
+
+
+def test_a_worker_that_served_requests_but_logged_no_iteration_keeps_the_decode_fit(prof30b: Prof) -> None:
+    """The window's iterations miss a worker that served requests: they are not used, the reason
+    is counted once per such worker and the sample store and decode step stay as they were."""
+    hw, _ = prof30b
+    first = fit_hardware(hw, [], iterations=_spans(replace(hw, b2=hw.b2 * 0.5), "colocated", [1, 2, 4, 8],
+                                                   [2000.0, 8000.0, 16000.0, 30000.0]))
+    assert first.b2 == pytest.approx(hw.b2 * 0.5, rel=1e-6)
+    slower = _spans(replace(hw, b2=hw.b2 * 2.0), "colocated", [1, 2, 4, 8], [2000.0, 8000.0, 16000.0, 30000.0],
+                    t0=1e4)  # all logged by w0
+    served = [TelemetryRecord(f"t{i}", 1, 3000, 0, 200, prefill_s=0.2, decode_s=4.0, decode_concurrency=4.0,
+                              worker_id=w) for i, w in enumerate(("w0", "w1", "w2"))]
+    heard = fit_hardware(first, served[:1], iterations=slower)
+    assert heard.b2 > 2.0 * first.b2 and heard.rejected.total == 0  # the window moves the fit
+    silent = fit_hardware(first, served, iterations=slower)
+    assert silent.rejected.to_dict() == {Rejection.SILENT_WORKER.value: 2}
+    assert silent.decode_samples == first.decode_samples
+    assert (silent.b0, silent.b_e, silent.b2) == pytest.approx((first.b0, first.b_e, first.b2), rel=1e-12)
+    assert silent.decode_measured == first.decode_measured

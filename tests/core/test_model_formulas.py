@@ -234,7 +234,7 @@ def _disagg_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float,
     lat = c_d = cyc
     for rnd in range(ITERATIONS):
         tau = _tau(hw, n, ctx)
-        d = o * tau
+        d = o * _tau(hw, 1.0 + (m - 1.0) * n / m, ctx)  # the batch a decoding trajectory sees
         z = max(cyc - w - p, xf + e + d)
         w = float(closed_queue_wait(np.array([m_p]), np.array([p]), np.array([z]), 0.0)[0])  # c_s^2 = 0: one turn
         lat = w + p + xf + e + d
@@ -243,7 +243,7 @@ def _disagg_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float,
         n = 0.5 * n + 0.5 * min(max(m * d / cyc, 1.0), m)
         if rnd > 0 and abs(cyc - prev) <= 1e-4 * cyc:
             break
-    return cyc, lat, c_d, w, n, max(batch / n_p - 1.0, 0.0) * p / 2.0
+    return cyc, lat, c_d, w, 1.0 + (m - 1.0) * n / m, max(batch / n_p - 1.0, 0.0) * p / 2.0
 
 
 @pytest.mark.parametrize(("n_p", "n_d"), [(3.0, 5.0), (1.0, 7.0), (6.0, 2.0), (12.0, 12.0)])
