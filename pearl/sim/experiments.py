@@ -47,6 +47,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from pearl.config import CONFIG_DIR, RunConfig
+from pearl.sim.experiment_seeds import fig5_seeds_markdown, fig7_seeds_rows, fig8_seeds_rows, seed_overrides
 from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
 from pearl.sim.simulate import oracle_bound
@@ -197,43 +198,64 @@ def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> 
     title = (f"## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of {src} "
              "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
              if paper else f"## Fig. 5: throughput normalised to ROLL (2-hour segments of {src})")
-    return title + "\n\n" + markdown_table(header, rows) + "\n"
+    return (title + "\n\n" + markdown_table(header, rows) + "\n"
+            + fig5_seeds_markdown(results, bound_oracle))
 
 
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
          progress: Callable[[str], None] = print, jobs: int = 1,
-         systems: Sequence[str] | None = None, segments: str = "picker") -> tuple[str, dict[str, Any]]:
-    """One job per (model, segment, system), longest (oracle) first; results saved as they arrive.
-    ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``)."""
+         systems: Sequence[str] | None = None, segments: str = "picker", seeds: int = 1) -> tuple[str, dict[str, Any]]:
+    """One job per (model, segment, system, seed), longest (oracle) first; results saved as they
+    arrive. ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``).
+    ``seeds`` > 1: each cell on that many workload seeds (``experiment_seeds``); the first seed's
+    runs fill the one-seed table, every seed's the table of means and spreads."""
     name = "fig5" if segments == "picker" else "fig5-paper"
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     systems = tuple(systems) if systems else (("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS)
     dur_h = 0.34 if quick else hours
-    todo: list[tuple[str, str, SegmentPick, str, tuple[str, dict[str, Any], str | None, float, float,
-                                                       tuple[str, ...], bool]]] = []
+    todo: list[tuple[str, str, SegmentPick, str, int, tuple[str, dict[str, Any], str | None, float, float,
+                                                            tuple[str, ...], bool]]] = []
     for model, cfg_name in models:
         cfg = _cfg(cfg_name)
         picks = fig5_segments(tr, cfg, hours, segments)
         for label, p in picks.items():
             for sysname in systems:
-                todo.append((model, label, p, sysname,
-                             (cfg_name, {}, trace, p.start_hour, dur_h, (sysname,), False)))
-    todo.sort(key=lambda t: t[3] != "oracle")
-    part = out / f"{name}.partial.json"  # results of earlier (interrupted) runs are kept and merged
+                for i in range(seeds):
+                    todo.append((model, label, p, sysname, i,
+                                 (cfg_name, seed_overrides(cfg.workload.seed, i), trace, p.start_hour, dur_h,
+                                  (sysname,), False)))
+    todo.sort(key=lambda t: (t[4], t[3] != "oracle"))
+    # results of earlier (interrupted) runs are kept, merged and not replayed (delete the file to replay)
+    part = out / f"{name}.partial.json"
     results: dict[str, Any] = json.loads(part.read_text()) if part.is_file() else {}
+    for r in results.values():
+        if seeds > 1 and r.get("systems"):
+            r.setdefault("by_seed", {}).setdefault("0", {}).update(r["systems"])
+    order = list(dict.fromkeys(f"{t[0]}/{t[1]}" for t in todo if t[3] == systems[0]))
+
+    def have(t: tuple[Any, ...]) -> bool:
+        r = results.get(f"{t[0]}/{t[1]}", {})
+        got = r.get("by_seed", {}).get(str(t[4]), {}) if seeds > 1 else r.get("systems", {})
+        return r.get("trace") == Path(trace).name and t[3] in got
+
+    if done := sum(map(have, todo)):
+        progress(f"{name}: {done} replays already in {part}: kept (delete it to replay them)")
+        todo = [t for t in todo if not have(t)]
 
     def keep(i: int, res: dict[str, Any]) -> None:
-        model, label, p, sysname, _job = todo[i]
+        model, label, p, sysname, seed_i, _job = todo[i]
         r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "trace": Path(trace).name, "systems": {}})
-        r["systems"][sysname] = res["systems"][sysname]
+        if seed_i == 0:
+            r["systems"][sysname] = res["systems"][sysname]
+        if seeds > 1:
+            r.setdefault("by_seed", {}).setdefault(str(seed_i), {})[sysname] = res["systems"][sysname]
         part.write_text(json.dumps(results, indent=1, default=str))
-        progress(f"{name} done: {model} {label} {sysname}")
+        progress(f"{name} done: {model} {label} {sysname} seed #{seed_i}")
 
     progress(f"{name}: {len(todo)} replays")
-    _pmap(_sim_job, [t[4] for t in todo], jobs, keep)
-    order = list(dict.fromkeys(f"{t[0]}/{t[1]}" for t in todo if t[3] == systems[0]))
+    _pmap(_sim_job, [t[5] for t in todo], jobs, keep)
     results = {k: bound_oracle(results[k]) for k in order if k in results}
     return _save(out, name, results, fig5_markdown(out, results, name)), results
 
@@ -250,18 +272,26 @@ def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ fig 7
 def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
-         jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         jobs: int = 1, seeds: int = 1) -> tuple[str, dict[str, Any]]:
+    """``seeds`` > 1: every pool on that many workload seeds; the first seed's runs fill the
+    one-seed table (and ``<model>/<n>`` of the JSON), every seed's the table of means and spreads
+    (``<model>/<n>/seeds``)."""
     pools = (4, 8) if quick else (4, 8, 12, 16)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     dur_h = 0.34 if quick else 1.0  # fixed pools reach a steady state within the hour
     results: dict[str, Any] = {}
+    by_seed: dict[str, Any] = {}
     rows = []
-    todo = [(model, n, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0}, None,
-                        0.0, dur_h, tuple(ABLATION), True))
-            for model, cfg_name in models for n in pools]
-    progress(f"fig7: {len(todo)} pools x {len(ABLATION)} variants")
-    for (model, n, _j), res in zip(todo, _pmap(_sim_job, [t[2] for t in todo], jobs), strict=True):
+    todo = [(model, n, i, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0,
+                                      **seed_overrides(_cfg(cfg_name).workload.seed, i)}, None,
+                           0.0, dur_h, tuple(ABLATION), True))
+            for model, cfg_name in models for n in pools for i in range(seeds)]
+    progress(f"fig7: {len(todo)} pools x seeds x {len(ABLATION)} variants")
+    for (model, n, i, _j), res in zip(todo, _pmap(_sim_job, [t[3] for t in todo], jobs), strict=True):
         s = res["systems"]
+        by_seed.setdefault(f"{model}/{n}", {"by_seed": {}})["by_seed"][str(i)] = s
+        if i:
+            continue
         base = s["roll"]["trajectories_per_hour"]
         results[f"{model}/{n}"] = s
         rate0 = s["roll"].get("batch_rate_per_hour")
@@ -272,7 +302,13 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
           "Counted = completed trajectories in the hour (moves by one batch, 6-12 %, where the hour cuts a "
           "batch); by whole batches = `batch_rate_per_hour` (no end effect).\n\n" + markdown_table(
               ["model", "rollout GPUs", *ABLATION, "by whole batches: " + " / ".join(list(ABLATION)[1:])], rows) + "\n")
-    groups = list(results)
+    if seeds > 1:
+        md += (f"\nOver {seeds} workload seeds per pool (`--seeds {seeds}`; gain over roll per seed on completed "
+               "trajectories, then mean ± sample sd [min, max]):\n\n" + markdown_table(
+                   ["model", "rollout GPUs", "seeds", *list(ABLATION)[1:]], fig7_seeds_rows(by_seed, list(ABLATION))) + "\n")
+        for key, v in by_seed.items():
+            results[f"{key}/seeds"] = v["by_seed"]
+    groups = [g for g in results if not g.endswith("/seeds")]
     series = {k: [results[g][k]["trajectories_per_hour"] / results[g]["roll"]["trajectories_per_hour"] for g in groups]
               for k in ABLATION}
     _bar(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
@@ -281,7 +317,9 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
 
 # ------------------------------------------------------------------------------------ fig 8
 def fig8(out: Path, trace: str | None = None, quick: bool = False,
-         progress: Callable[[str], None] = print, jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         progress: Callable[[str], None] = print, jobs: int = 1, seeds: int = 1) -> tuple[str, dict[str, Any]]:
+    """``seeds`` > 1: every point on that many workload seeds (first seed: the one-seed table and
+    ``<point>`` of the JSON; every seed: the table of means and spreads, ``<point>/seeds``)."""
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
     base_cfg = _cfg("qwen3-8b-h200")
@@ -301,9 +339,16 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
     results: dict[str, Any] = {}
     rows = []
     progress(f"fig8: {len(points)} points")
-    todo = [("qwen3-8b-h200", ov, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False) for _l, ov in points]
-    for (label, _ov), res in zip(points, _pmap(_sim_job, todo, jobs), strict=True):
+    base_seed = base_cfg.workload.seed
+    todo = [("qwen3-8b-h200", {**ov, **seed_overrides(base_seed, i)}, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False)
+            for _l, ov in points for i in range(seeds)]
+    labels = [(label, i) for label, _ov in points for i in range(seeds)]
+    by_seed: dict[str, Any] = {}
+    for (label, i), res in zip(labels, _pmap(_sim_job, todo, jobs), strict=True):
         s = res["systems"]
+        by_seed.setdefault(label, {"by_seed": {}})["by_seed"][str(i)] = s
+        if i:
+            continue
         results[label] = s
         rb, pe = s["rlboost+"]["trajectories_per_hour"], s["pearl"]["trajectories_per_hour"]
         rr, rp = s["rlboost+"].get("batch_rate_per_hour"), s["pearl"].get("batch_rate_per_hour")
@@ -311,6 +356,13 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
                      f"{100 * (rp / rr - 1):+.1f}%" if rr and rp else "-"])
     md = "## Fig. 8: workload sensitivity (Qwen3-8B, volatile segment)\n\n" + markdown_table(
         ["point", "rlboost+ traj/h", "pearl traj/h", "pearl vs rlboost+", "by whole batches"], rows) + "\n"
+    if seeds > 1:
+        md += (f"\nOver {seeds} workload seeds per point (`--seeds {seeds}`; per seed on completed trajectories, then "
+               "mean ± sample sd [min, max]):\n\n" + markdown_table(
+                   ["point", "seeds", "completed, mean: rlboost+ / pearl", "pearl vs rlboost+",
+                    "by whole batches: pearl vs rlboost+"], fig8_seeds_rows(by_seed)) + "\n")
+        for key, v in by_seed.items():
+            results[f"{key}/seeds"] = v["by_seed"]
     _bar(out / "fig8.png", [r[0] for r in rows], {"rlboost+": [r[1] for r in rows], "pearl": [r[2] for r in rows]},
          "trajectories / h", "Fig. 8: batch size and trajectory length limit")
     return _save(out, "fig8", results, md), results
@@ -583,21 +635,21 @@ def _mtime(path: Path) -> str:
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
                     jobs: int = 1, systems: Sequence[str] | None = None,
-                    table2_seeds: int | None = None) -> Path:
+                    table2_seeds: int | None = None, seeds: int = 1) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     parts: list[str] = []
     stamps = ""
     f5 = None
     if which in ("fig5", "all"):
-        md, f5 = fig5(out, trace, hours, quick, progress, jobs, systems)
+        md, f5 = fig5(out, trace, hours, quick, progress, jobs, systems, seeds=seeds)
         parts.append(md)
     if which in ("fig5-paper", "all"):
-        parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper")[0])
+        parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper", seeds=seeds)[0])
     if which in ("fig7", "all"):
-        parts.append(fig7(out, quick, progress, jobs)[0])
+        parts.append(fig7(out, quick, progress, jobs, seeds)[0])
     if which in ("fig8", "all"):
-        parts.append(fig8(out, trace, quick, progress, jobs)[0])
+        parts.append(fig8(out, trace, quick, progress, jobs, seeds)[0])
     if which in ("table2", "all"):
         parts.append(table2(out, quick, progress, jobs, table2_seeds)[0])
     if which in ("table3", "all"):
