@@ -41,23 +41,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from pearl.config import CONFIG_DIR, RunConfig
-from pearl.sim.experiment_seeds import fig5_seeds_markdown, fig7_seeds_rows, fig8_seeds_rows, seed_overrides
+from pearl.sim.experiment_tables import (
+    FIG5_SYSTEMS,
+    bar_chart,
+    bound_oracle,
+    fig5_markdown,
+    fig7_seeds_rows,
+    fig8_seeds_rows,
+    seed_overrides,
+)
 from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
-from pearl.sim.simulate import oracle_bound
 from pearl.sim.systems import ABLATION, SYSTEMS
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 #: Fig. 5 / Fig. 8 / Table 3 trace unless ``--trace`` names another (the shipped Bamboo g4dn trace).
 DEFAULT_TRACE = SHIPPED_TRACE
-FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
 #: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
 #: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
 #: these minus the reserved ones.
@@ -80,21 +81,6 @@ def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[
 def _cfg(name: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """A run config under the calibrated ``paper`` workload (the one replay workload)."""
     return load_preset_config(CONFIG_DIR / f"{name}.yaml", "paper", dict(overrides or {}))
-
-
-def _bar(path: Path, groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * max(1, len(series)) / 3), 4))
-    w = 0.8 / max(1, len(series))
-    for i, (name, vals) in enumerate(series.items()):
-        ax.bar([j + i * w for j in range(len(groups))], vals, width=w, label=name)
-    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
-    ax.set_xticklabels(groups, fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _save(out: Path, name: str, data: Any, md: str) -> str:
@@ -152,62 +138,12 @@ def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int,
 
 
 # ------------------------------------------------------------------------------------ fig 5
-def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> str:
-    """Table + bar chart from ``{"model/segment": {"segment", "systems": {name: summary}}}``
-    (partial results give a partial table: missing systems show '-'). ``name``: fig5 or
-    fig5-paper (the PNG's name and the heading)."""
-    names = [n for n in FIG5_SYSTEMS if any(n in r["systems"] for r in results.values())]
-
-    def tph(r: Mapping[str, Any], n: str) -> float | None:
-        s = r["systems"].get(n)
-        return None if s is None else float(s["trajectories_per_hour"])
-
-    rows = []
-    for key, r in results.items():
-        model, label = key.split("/")
-        base = tph(r, "roll")
-        row: list[Any] = [model, label, f"{r['segment']['mean_gpus']:.1f}"]
-        row += [f"{v / base:.2f}x" if base and (v := tph(r, n)) is not None else "-" for n in names]
-        pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
-        row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
-        row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
-        rate = {n: r["systems"].get(n, {}).get("batch_rate_per_hour") for n in ("roll", "rlboost+", "pearl")}
-        row.append(f"{rate['pearl'] / rate['roll']:.2f}x / {100 * (rate['pearl'] / rate['rlboost+'] - 1):+.1f}%"
-                   if all(rate.values()) else "-")
-        ps = r["systems"].get("pearl", {})
-        err = ps.get("makespan_prediction_error")
-        steady = ps.get("makespan_prediction_error_steady")
-        piece = ps.get("makespan_prediction_error_piecewise")
-        placed = ps.get("makespan_prediction_error_placed")
-
-        def pct(x: float | None) -> str:
-            return "-" if x is None else f"{100 * x:.1f}%"
-
-        row.append(f"{pct(err)} / {pct(piece)} / {pct(placed)} / {pct(steady)}")
-        cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
-        row.append(f"{max(cpu):.0f}" if cpu else "-")
-        rows.append(row)
-    header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
-              "by whole batches: pearl / roll, vs rlboost+", "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
-    groups = list(results)
-    series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
-    paper = name == "fig5-paper"
-    _bar(out / f"{name}.png", groups, series, "throughput / ROLL",
-         "Fig. 5" + (" (paper-matched segments)" if paper else "") + ": end-to-end throughput normalised to ROLL")
-    src = next((r["trace"] for r in results.values() if r.get("trace")), "the trace")
-    title = (f"## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of {src} "
-             "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
-             if paper else f"## Fig. 5: throughput normalised to ROLL (2-hour segments of {src})")
-    return (title + "\n\n" + markdown_table(header, rows) + "\n"
-            + fig5_seeds_markdown(results, bound_oracle))
-
-
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
          progress: Callable[[str], None] = print, jobs: int = 1,
          systems: Sequence[str] | None = None, segments: str = "picker", seeds: int = 1) -> tuple[str, dict[str, Any]]:
     """One job per (model, segment, system, seed), longest (oracle) first; results saved as they
     arrive. ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``).
-    ``seeds`` > 1: each cell on that many workload seeds (``experiment_seeds``); the first seed's
+    ``seeds`` > 1: each cell on that many workload seeds (``experiment_tables``); the first seed's
     runs fill the one-seed table, every seed's the table of means and spreads."""
     name = "fig5" if segments == "picker" else "fig5-paper"
     trace = str(trace or DEFAULT_TRACE)
@@ -260,16 +196,6 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
     return _save(out, name, results, fig5_markdown(out, results, name)), results
 
 
-def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
-    """One segment's result with its oracle bounded by every system replayed on the segment
-    (``pearl.sim.simulate.oracle_bound``; each system ran as its own job, so the bound is taken
-    here). The saved partial results stay unbounded, so applying it again gives the same."""
-    systems = dict(result["systems"])
-    if "oracle" in systems:
-        systems["oracle"] = oracle_bound("oracle", systems, {n for n, s in SYSTEMS.items() if s.fixed_pool is not None})
-    return {**result, "systems": systems}
-
-
 # ------------------------------------------------------------------------------------ fig 7
 def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
          jobs: int = 1, seeds: int = 1) -> tuple[str, dict[str, Any]]:
@@ -311,7 +237,7 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
     groups = [g for g in results if not g.endswith("/seeds")]
     series = {k: [results[g][k]["trajectories_per_hour"] / results[g]["roll"]["trajectories_per_hour"] for g in groups]
               for k in ABLATION}
-    _bar(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
+    bar_chart(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
     return _save(out, "fig7", results, md), results
 
 
@@ -363,7 +289,7 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
                     "by whole batches: pearl vs rlboost+"], fig8_seeds_rows(by_seed)) + "\n")
         for key, v in by_seed.items():
             results[f"{key}/seeds"] = v["by_seed"]
-    _bar(out / "fig8.png", [r[0] for r in rows], {"rlboost+": [r[1] for r in rows], "pearl": [r[2] for r in rows]},
+    bar_chart(out / "fig8.png", [r[0] for r in rows], {"rlboost+": [r[1] for r in rows], "pearl": [r[2] for r in rows]},
          "trajectories / h", "Fig. 8: batch size and trajectory length limit")
     return _save(out, "fig8", results, md), results
 

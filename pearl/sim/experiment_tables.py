@@ -1,4 +1,7 @@
-"""Several workload seeds per experiment cell: the mean and its spread (``experiments --seeds K``).
+"""The experiments' tables and charts: one seed per cell, and several (``experiments --seeds K``).
+
+``fig5_markdown`` renders Fig. 5 (one seed: the first seed's runs; several: a second table),
+``bound_oracle`` bounds a segment's oracle by the systems replayed on it, ``bar_chart`` draws the PNGs.
 
 One 2-hour replay completes 10-25 batches; where the segment's end cuts a batch moves a system's
 count by up to a batch (4-10 %), and which trajectories a seed draws moves it again. A comparison
@@ -8,17 +11,104 @@ each cell is replayed on workload seeds ``s0 + i`` (``i < K``, ``s0`` = the conf
 paired), each ratio is taken per seed on *completed* trajectories, and the tables give, over the
 seeds, ``mean ± sd [min, max]`` (``sd``: the sample standard deviation, 0 with one seed).
 
-Public names: ``seed_overrides``, ``spread``, ``fmt_spread``, ``fig5_seeds_markdown``,
-``fig7_seeds_rows``, ``fig8_seeds_rows``.
+Public names: ``FIG5_SYSTEMS``, ``fig5_markdown``, ``bound_oracle``, ``bar_chart``, ``seed_overrides``,
+``spread``, ``fmt_spread``, ``fig5_seeds_markdown``, ``fig7_seeds_rows``, ``fig8_seeds_rows``.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
 from pearl.sim.replay_report import markdown_table
+from pearl.sim.simulate import oracle_bound
+from pearl.sim.systems import SYSTEMS
+
+FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
+
+
+def bar_chart(path: Path, groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * max(1, len(series)) / 3), 4))
+    w = 0.8 / max(1, len(series))
+    for i, (name, vals) in enumerate(series.items()):
+        ax.bar([j + i * w for j in range(len(groups))], vals, width=w, label=name)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
+    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> str:
+    """Table + bar chart from ``{"model/segment": {"segment", "systems": {name: summary}}}``
+    (partial results give a partial table: missing systems show '-'). ``name``: fig5 or
+    fig5-paper (the PNG's name and the heading)."""
+    names = [n for n in FIG5_SYSTEMS if any(n in r["systems"] for r in results.values())]
+
+    def tph(r: Mapping[str, Any], n: str) -> float | None:
+        s = r["systems"].get(n)
+        return None if s is None else float(s["trajectories_per_hour"])
+
+    rows = []
+    for key, r in results.items():
+        model, label = key.split("/")
+        base = tph(r, "roll")
+        row: list[Any] = [model, label, f"{r['segment']['mean_gpus']:.1f}"]
+        row += [f"{v / base:.2f}x" if base and (v := tph(r, n)) is not None else "-" for n in names]
+        pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
+        row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
+        row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
+        rate = {n: r["systems"].get(n, {}).get("batch_rate_per_hour") for n in ("roll", "rlboost+", "pearl")}
+        row.append(f"{rate['pearl'] / rate['roll']:.2f}x / {100 * (rate['pearl'] / rate['rlboost+'] - 1):+.1f}%"
+                   if all(rate.values()) else "-")
+        ps = r["systems"].get("pearl", {})
+        err = ps.get("makespan_prediction_error")
+        steady = ps.get("makespan_prediction_error_steady")
+        piece = ps.get("makespan_prediction_error_piecewise")
+        placed = ps.get("makespan_prediction_error_placed")
+
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{100 * x:.1f}%"
+
+        row.append(f"{pct(err)} / {pct(piece)} / {pct(placed)} / {pct(steady)}")
+        cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
+        row.append(f"{max(cpu):.0f}" if cpu else "-")
+        rows.append(row)
+    header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
+              "by whole batches: pearl / roll, vs rlboost+", "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
+    groups = list(results)
+    series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
+    paper = name == "fig5-paper"
+    bar_chart(out / f"{name}.png", groups, series, "throughput / ROLL",
+         "Fig. 5" + (" (paper-matched segments)" if paper else "") + ": end-to-end throughput normalised to ROLL")
+    src = next((r["trace"] for r in results.values() if r.get("trace")), "the trace")
+    title = (f"## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of {src} "
+             "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
+             if paper else f"## Fig. 5: throughput normalised to ROLL (2-hour segments of {src})")
+    return (title + "\n\n" + markdown_table(header, rows) + "\n"
+            + fig5_seeds_markdown(results, bound_oracle))
+
+
+def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
+    """One segment's result with its oracle bounded by every system replayed on the segment
+    (``pearl.sim.simulate.oracle_bound``; each system ran as its own job, so the bound is taken
+    here). The saved partial results stay unbounded, so applying it again gives the same."""
+    systems = dict(result["systems"])
+    if "oracle" in systems:
+        systems["oracle"] = oracle_bound("oracle", systems, {n for n, s in SYSTEMS.items() if s.fixed_pool is not None})
+    return {**result, "systems": systems}
+
+
 
 
 def seed_overrides(base_seed: int, i: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pearl.sim.cli import add_experiments_parser, experiments_main
-from pearl.sim.experiment_seeds import (
+from pearl.sim.experiment_tables import (
     fig5_seeds_markdown,
     fig7_seeds_rows,
     fig8_seeds_rows,
