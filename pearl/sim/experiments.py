@@ -185,7 +185,7 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
         r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "trace": Path(trace).name, "systems": {}})
         if seed_i == 0:
             r["systems"][sysname] = res["systems"][sysname]
-        if seeds > 1:
+        if seeds > 1 or "by_seed" in r:  # a one-seed run adds to the seed-0 runs of a multi-seed one
             r.setdefault("by_seed", {}).setdefault(str(seed_i), {})[sysname] = res["systems"][sysname]
         part.write_text(json.dumps(results, indent=1, default=str))
         progress(f"{name} done: {model} {label} {sysname} seed #{seed_i}")

@@ -90,9 +90,13 @@ def test_fig5_keeps_the_replays_of_an_interrupted_run(tmp_path: Path, monkeypatc
                                   "by_seed": {"1": {"roll": _sys(410)}}} for label, p in picks.items()}
     (tmp_path / "fig5.partial.json").write_text(json.dumps(part))
     ran: list[Any] = []
-    monkeypatch.setattr(ex, "_sim_job", lambda job: ran.append(job) or {"systems": {"roll": _sys(420)}})
+    monkeypatch.setattr(ex, "_sim_job", lambda job: ran.append(job) or {"systems": {n: _sys(420) for n in job[5]}})
     said: list[str] = []
     _md, res = ex.fig5(tmp_path, quick=True, progress=said.append, systems=("roll",), seeds=3)
     assert len(ran) == 3 and {job[1]["workload.seed"] for job in ran} == {2}  # seed 2 of each segment only
     assert any("6 replays already in" in m for m in said)
     assert [res[k]["by_seed"][s]["roll"]["trajectories_completed"] for k in res for s in "012"] == [400, 410, 420] * 3
+    ran.clear()
+    _md, res = ex.fig5(tmp_path, quick=True, progress=said.append, systems=("rlboost+",))  # one seed, added
+    assert len(ran) == 3 and all(not job[1] for job in ran)
+    assert {res[k]["by_seed"]["0"]["rlboost+"]["trajectories_completed"] for k in res} == {420}
