@@ -154,6 +154,11 @@ def _mean_of(by_seed: Mapping[str, Mapping[str, Any]], name: str, field: str) ->
     return f"{statistics.fmean(xs):.0f}" if xs else "-"
 
 
+def _of_seeds(xs: Sequence[float], kind: str, k: int) -> str:
+    """``fmt_spread``, naming the number of seeds where fewer than the cell's ``k`` have both systems."""
+    return fmt_spread(xs, kind) + (f" ({len(xs)} of {k} seeds)" if xs and len(xs) < k else "")
+
+
 def fig5_seeds_markdown(results: Mapping[str, Any], bound: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> str:
     """The multi-seed table of Fig. 5 from ``{"model/segment": {"segment", "by_seed": {seed:
     {system: summary}}}}``; ``bound`` bounds one seed's oracle by the systems of that seed."""
@@ -171,7 +176,7 @@ def fig5_seeds_markdown(results: Mapping[str, Any], bound: Callable[[Mapping[str
                      " / ".join(_mean_of(by_seed, n, "trajectories_completed") for n in ("roll", "rlboost+", "pearl", "oracle")),
                      fmt_spread(_ratios(by_seed, "pearl", "roll"), "ratio"),
                      fmt_spread(_ratios(by_seed, "pearl", "rlboost+"), "gain"),
-                     fmt_spread(_ratios(by_seed, "pearl", "oracle"), "share"),
+                     _of_seeds(_ratios(by_seed, "pearl", "oracle"), "share", len(by_seed)),
                      fmt_spread(_ratios(by_seed, "pearl", "rlboost+", "batch_rate_per_hour"), "gain"),
                      f"{100 * statistics.fmean(errs):.1f} %" if errs else "-"])
     if not rows:
