@@ -53,7 +53,7 @@ from pearl.sim.experiment_tables import (
 )
 from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
-from pearl.sim.systems import ABLATION, SYSTEMS
+from pearl.sim.systems import ABLATION, SYSTEMS, UnknownSystemError
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
@@ -198,10 +198,15 @@ def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = 
 
 # ------------------------------------------------------------------------------------ fig 7
 def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
-         jobs: int = 1, seeds: int = 1) -> tuple[str, dict[str, Any]]:
+         jobs: int = 1, seeds: int = 1, variants: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
     """``seeds`` > 1: every pool on that many workload seeds; the first seed's runs fill the
     one-seed table (and ``<model>/<n>`` of the JSON), every seed's the table of means and spreads
-    (``<model>/<n>/seeds``)."""
+    (``<model>/<n>/seeds``). ``variants``: the rungs of the ladder to run (default all of
+    ``ABLATION``; ``roll``, the base of every gain, always runs)."""
+    unknown = [v for v in variants or () if v not in ABLATION]
+    if unknown:
+        raise UnknownSystemError(f"fig7 variants {unknown} unknown; the ladder: {', '.join(ABLATION)}")
+    ladder = [v for v in ABLATION if v == "roll" or not variants or v in variants]
     pools = (4, 8) if quick else (4, 8, 12, 16)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     dur_h = 0.34 if quick else 1.0  # fixed pools reach a steady state within the hour
@@ -210,9 +215,9 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
     rows = []
     todo = [(model, n, i, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0,
                                       **seed_overrides(_cfg(cfg_name).workload.seed, i)}, None,
-                           0.0, dur_h, tuple(ABLATION), True))
+                           0.0, dur_h, tuple(ladder), True))
             for model, cfg_name in models for n in pools for i in range(seeds)]
-    progress(f"fig7: {len(todo)} pools x seeds x {len(ABLATION)} variants")
+    progress(f"fig7: {len(todo)} pools x seeds x {len(ladder)} variants")
     for (model, n, i, _j), res in zip(todo, _pmap(_sim_job, [t[3] for t in todo], jobs), strict=True):
         s = res["systems"]
         by_seed.setdefault(f"{model}/{n}", {"by_seed": {}})["by_seed"][str(i)] = s
@@ -221,22 +226,22 @@ def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print
         base = s["roll"]["trajectories_per_hour"]
         results[f"{model}/{n}"] = s
         rate0 = s["roll"].get("batch_rate_per_hour")
-        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ABLATION]
-                    + [" / ".join(f"{100 * (s[k]['batch_rate_per_hour'] / rate0 - 1):+.1f}%" for k in list(ABLATION)[1:])
-                       if rate0 and all(s[k].get("batch_rate_per_hour") for k in ABLATION) else "-"])
+        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ladder]
+                    + [" / ".join(f"{100 * (s[k]['batch_rate_per_hour'] / rate0 - 1):+.1f}%" for k in ladder[1:])
+                       if rate0 and all(s[k].get("batch_rate_per_hour") for k in ladder) else "-"])
     md = ("## Fig. 7: ablation on fixed rollout pools (gain over ROLL)\n\n"
           "Counted = completed trajectories in the hour (moves by one batch, 6-12 %, where the hour cuts a "
           "batch); by whole batches = `batch_rate_per_hour` (no end effect).\n\n" + markdown_table(
-              ["model", "rollout GPUs", *ABLATION, "by whole batches: " + " / ".join(list(ABLATION)[1:])], rows) + "\n")
+              ["model", "rollout GPUs", *ladder, "by whole batches: " + " / ".join(ladder[1:])], rows) + "\n")
     if seeds > 1:
         md += (f"\nOver {seeds} workload seeds per pool (`--seeds {seeds}`; gain over roll per seed on completed "
                "trajectories, then mean ± sample sd [min, max]):\n\n" + markdown_table(
-                   ["model", "rollout GPUs", "seeds", *list(ABLATION)[1:]], fig7_seeds_rows(by_seed, list(ABLATION))) + "\n")
+                   ["model", "rollout GPUs", "seeds", *ladder[1:]], fig7_seeds_rows(by_seed, ladder)) + "\n")
         for key, v in by_seed.items():
             results[f"{key}/seeds"] = v["by_seed"]
     groups = [g for g in results if not g.endswith("/seeds")]
     series = {k: [results[g][k]["trajectories_per_hour"] / results[g]["roll"]["trajectories_per_hour"] for g in groups]
-              for k in ABLATION}
+              for k in ladder}
     bar_chart(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
     return _save(out, "fig7", results, md), results
 
@@ -573,7 +578,7 @@ def run_experiments(which: str, out: Path, trace: str | None = None, hours: floa
     if which in ("fig5-paper", "all"):
         parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper", seeds=seeds)[0])
     if which in ("fig7", "all"):
-        parts.append(fig7(out, quick, progress, jobs, seeds)[0])
+        parts.append(fig7(out, quick, progress, jobs, seeds, systems if which == "fig7" else None)[0])
     if which in ("fig8", "all"):
         parts.append(fig8(out, trace, quick, progress, jobs, seeds)[0])
     if which in ("table2", "all"):

@@ -102,3 +102,23 @@ def test_fig5_keeps_the_replays_of_an_interrupted_run(tmp_path: Path, monkeypatc
     _md, res = ex.fig5(tmp_path, quick=True, progress=said.append, systems=("rlboost+",))  # one seed, added
     assert len(ran) == 3 and all(not job[1] for job in ran)
     assert {res[k]["by_seed"]["0"]["rlboost+"]["trajectories_completed"] for k in res} == {420}
+
+
+def test_fig7_runs_the_rungs_asked_for_on_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pearl.sim import experiments as ex
+    from pearl.sim.systems import UnknownSystemError
+
+    ran: list[Any] = []
+
+    def job(j: Any) -> dict[str, Any]:
+        ran.append(j)
+        seed = j[1].get("workload.seed", 0)
+        return {"systems": {"roll": _sys(100), "+pd": _sys(100 + 10 * seed)}}
+
+    monkeypatch.setattr(ex, "_sim_job", job)
+    md, res = ex.fig7(tmp_path, quick=True, progress=lambda _m: None, seeds=2, variants=("+pd",))
+    assert len(ran) == 4 and {j[5] for j in ran} == {("roll", "+pd")}  # 2 pools x 2 seeds, roll always
+    assert "| qwen3-8b | 4 | +0.0% | +0.0% |" in md and fmt_spread([1.0, 1.1], "gain") in md
+    assert res["qwen3-8b/8/seeds"]["1"]["+pd"]["trajectories_completed"] == 110
+    with pytest.raises(UnknownSystemError, match=r"fig7 variants \['pd'\] unknown; the ladder: roll, \+pd"):
+        ex.fig7(tmp_path, quick=True, variants=("pd",))
