@@ -311,6 +311,11 @@ class EmulatorSpec(_Strict):
     chunk_tokens: int = Field(
         default=8192, ge=64, description="chunked-prefill budget per iteration (SGLang chunked_prefill_size "
         "default 8192)")
+    mixed_chunk: bool = Field(
+        default=False, description="a colocated worker's prefill chunk carries its running decodes in the same "
+        "forward pass, one token each (SGLang --enable-mixed-chunk; priced by the database's mixed step, "
+        "pearl/engines/emulated_tables.py). False: SGLang's default and how PEARL launches SGLang - the chunk "
+        "runs alone and the decodes wait for it")
     max_running: int = Field(default=256, ge=1, description="max concurrently decoding requests per worker "
                              "(SGLang max_running_requests order of magnitude)")
     decode_mfu: float = Field(default=0.5, gt=0, le=1, description="compute efficiency of decode matmuls "

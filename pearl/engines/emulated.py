@@ -36,6 +36,10 @@ Scheduling choices (SGLang's defaults, written down here):
   cache prompt + output; a PD prefill worker caches only the prompt (the output was decoded
   elsewhere); a decode worker frees its KV when a request ends (SGLang's decode side keeps no
   radix cache). A weight update or memory release flushes the cache.
+* **Mixed chunks off** (SGLang's ``enable_mixed_chunk = False``, as PEARL launches it). With
+  ``emulator.mixed_chunk`` the chunk carries the running decodes instead: one forward pass of
+  ``mixed_step_s`` (the database's mixed step: the weights read once for both), each running
+  request one token longer; its time beyond the chunk alone counts as decode time.
 * **The first output token comes from the prefill pass** (as in SGLang/vLLM).
 
 Phase counters (``phase_split``): per worker, busy seconds in prefill chunks and decode spans,
@@ -907,16 +911,26 @@ class EmulatedEngine:
                 budget -= take
             if budget <= 0:
                 break
-        dt = self.costs.prefill_chunk_s([(x, r.cached + r.prefilled) for r, x in parts])
+        chunk = [(x, r.cached + r.prefilled) for r, x in parts]
+        dt = pre = self.costs.prefill_chunk_s(chunk)
+        mixed = self.emu.mixed_chunk and w.n_decoding > 0
+        if mixed:  # the running decodes ride along, one token each (module docstring)
+            dt = self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
         w.events += 1
         await self.clock.sleep(dt)
         end = self.clock.now()
-        w.prefill_busy_s += dt
+        w.prefill_busy_s += pre
         w.prefill_tokens += sum(x for _, x in parts)
-        # decode stalled for the chunk: it counts as decode time with the current batch
+        # decode stalled for the chunk (or rode along): it counts as decode time with the current batch
         if w.n_decoding:
             w.dtime_cum += dt
             w.conc_cum += dt * w.n_decoding
+        if mixed and w.n_decoding:
+            w.decode_busy_s += dt - pre
+            w.decode_tokens += w.n_decoding
+            w.steps += 1
+            w.ctx_sum += w.n_decoding
+            self._finish_due(w, end)
         for r, x in parts:
             if r.stage is not _Stage.PREFILL:
                 continue  # aborted meanwhile
@@ -976,6 +990,10 @@ class EmulatedEngine:
         w.steps += k
         w.ctx_sum += w.n_decoding * k
         self._log_span(w, k, now, end)
+        self._finish_due(w, end)
+
+    def _finish_due(self, w: _Worker, end: float) -> None:
+        """Finish the decoding requests whose last token is out by ``w.steps`` (and drop left ones)."""
         while w.decoding and (w.decoding[0][2].join_step < 0 or w.decoding[0][0] <= w.steps):
             _, _, r = heapq.heappop(w.decoding)
             if r.join_step >= 0:

@@ -18,6 +18,9 @@ weight_read_efficiency``, ``BW_kv = tp * HBM * kv_read_efficiency``, ``o_d = dec
     prefill chunk, requests i with x_i new tokens over c_i tokens already in KV:
         t_chunk    = o_p + max((2 N_act sum x_i + 4 L H d sum x_i (c_i + x_i/2)) / (F * prefill_mfu),
                                (W_d + W_e moe(sum x_i)) / BW_w + kv sum(c_i + x_i) / BW_kv)
+    mixed step (emulator.mixed_chunk: a chunk and n decoding requests of total context C in one pass):
+        t_mix      = t_chunk of the parts plus n requests of 1 new token over C / n cached ones
+                     (the weights are read once for both; compute and KV reads add)
     KV transfer of a prompt of p tokens:  interconnect_latency_s + p * kv / interconnect_gbs
 
 Within a decode *span* (no arrival, no departure) ``C`` grows by ``n`` per iteration, so
@@ -143,6 +146,10 @@ class WorkerCosts:
         memory = self._mem_s(self.weight_read_bytes(x), self.kv_bytes * ctx)
         return self.prefill_overhead_s + max(compute, memory)
 
+    def mixed_step_s(self, parts: list[tuple[int, int]], n: int, context: float) -> float:
+        """The chunk ``parts`` with n decoding requests holding ``context`` tokens in all, one pass."""
+        return self.prefill_chunk_s(parts + [(1, round(context / n))] * n if n > 0 else parts)
+
     def transfer_s(self, tokens: int) -> float:
         return self.link_latency_s + tokens * self.kv_bytes / self.link_bw
 
@@ -204,6 +211,11 @@ class MeasuredCosts:
 
     def prefill_chunk_s(self, parts: list[tuple[int, int]]) -> float:
         return self.tables.prefill_chunk_s(parts)
+
+    def mixed_step_s(self, parts: list[tuple[int, int]], n: int, context: float) -> float:
+        """The chunk ``parts`` with n decoding requests holding ``context`` tokens in all, one pass
+        (``CostTables.mixed_step_s``)."""
+        return self.tables.mixed_step_s(parts, n, context / n if n > 0 else 0.0)
 
     def transfer_s(self, tokens: int) -> float:
         return self.link_latency_s + tokens * self.kv_bytes / self.link_bw

@@ -2,12 +2,14 @@
 
 ``aiconfigurator-core`` (Apache-2.0; per-kernel GEMM / attention / MoE / communication tables
 measured per GPU and serving-engine version) composes a model's forward pass from its operators.
-PEARL asks it once per (model, system, backend, backend version, tp) for three tables, then
+PEARL asks it once per (model, system, backend, backend version, tp) for four tables, then
 interpolates; no query runs during a replay. Symbols: ``n`` decoding sequences, ``s`` context
 tokens per sequence, ``x_i`` / ``c_i`` new / cached tokens of request ``i`` in a prefill chunk,
 ``m`` requests in the chunk, ``X = sum x_i``, ``W = sum x_i (c_i + x_i / 2)`` its attention work::
 
     decode iteration   t_dec(n, s)   = D[n, s]                       decode_step_latency(n, s, 2)
+        N[n]         its non-attention operators (GEMMs, norms, logits) on n tokens: D[n, s] less the
+                     generation_attention of decode_step_per_op(n, s, 2) (it does not depend on s)
     prefill chunk      t_pre(parts)  = G[X] + A[m, X / m, c_eq],     c_eq = W / X - X / (2 m)  (>= 0)
         G[X]         the non-attention operators (GEMMs, norms, activation, logits) on X tokens: the
                      database's whole prefill predict_prefill_latency(1, X, 0) less its attention
@@ -16,6 +18,13 @@ tokens per sequence, ``x_i`` / ``c_i`` new / cached tokens of request ``i`` in a
                      run_static_per_op where m x is past G's grid)
     (c_eq makes the chunk the uniform batch of the same tokens and the same attention work; one
     request: G[x] + A[1, x, c] = predict_prefill_latency(1, x + c, c), the database's own sum)
+    mixed step         t_mix(parts, n, s) = G[X + n] + A[m, X / m, c_eq] + (D[n, s] - N[n])
+        a prefill chunk and n decoding sequences of s context tokens in one forward pass (SGLang
+        ``--enable-mixed-chunk``): the database's mixed_step_latency composition - the non-attention
+        operators run once on the X + n tokens of both, then each attention. It is *not* the chunk
+        plus a decode iteration: that pays N[n] (the weights read for the decodes) again, 4.6 ms
+        for Qwen3-8B, 3.3-17 ms for Qwen3-30B-A3B on h200_sxm (its decode MoE reads the experts the
+        batch touches; inside a chunk's X tokens they are read anyway).
 
 Grids: ``D`` on every batch 1-256 x ``DECODE_CTX``, ``G`` on every token count 1-16384 (the GEMM
 tables' kinks make ``G`` saw-toothed: it is not interpolated), ``A`` on ``ATTN_BATCH`` x ``ATTN_NEW``
@@ -24,8 +33,10 @@ and linear in the attention work ``x (c + x / 2)`` between two grid values of ``
 grid the end segment is extended. The error against the database at random off-grid points
 (``tests/engines/test_emulated_tables.py``, <= 2 % asserted): decode <= 0.5 %, one request's prefill
 <= 1.4 %, a chunk of m equal requests <= 2 % (Qwen3-8B, Qwen3-30B-A3B on h200_sxm / sglang 0.5.14).
-The colocated mixed step (SGLang ``--enable-mixed-chunk``) is not modelled: SGLang's default,
-which the emulator follows, runs a prefill chunk as its own iteration while decodes wait.
+The mixed step runs only where ``emulator.mixed_chunk`` is set: SGLang's default, and the way PEARL
+launches SGLang (``pearl/engines/sglang.py``), runs a prefill chunk as its own iteration while the
+decodes wait (``enable_mixed_chunk = False``), and so does the emulator by default. Against
+``mixed_step_latency``: <= 2 % (``tests/engines/test_emulated_tables.py``).
 
 A decode span (n fixed, every sequence one token longer per iteration) costs ``t(j) = D_n(s0 + j)``
 at iteration ``j`` with ``s0 = C / n``; ``D_n`` is piecewise-linear in ``s``, so ``t`` is
@@ -59,7 +70,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 #: format of the cache file; a file of another format is rebuilt
-TABLE_FORMAT = 1
+TABLE_FORMAT = 2
 PACKAGE = "aiconfigurator-core"
 
 def _steps(*runs: tuple[int, int, int]) -> tuple[int, ...]:
@@ -186,13 +197,14 @@ def _lerp(grid: tuple[int, ...], vals: list[float], x: float) -> float:
 
 @dataclass(frozen=True)
 class CostTables:
-    """The three tables of one (model, system, backend, version, tp), in seconds (module docstring)."""
+    """The four tables of one (model, system, backend, version, tp), in seconds (module docstring)."""
 
     key: TableKey
     literal_version: str
     decode: list[list[float]]  # [len(DECODE_BATCH)][len(DECODE_CTX)] seconds
     nonattn: list[float]  # [len(PREFILL_TOKENS)] seconds
     attn: list[list[list[float]]]  # [len(ATTN_BATCH)][len(ATTN_NEW)][len(ATTN_CACHED)] seconds
+    decode_nonattn: list[float]  # [len(DECODE_BATCH)] seconds: N[n]
 
     def decode_row(self, n: float) -> list[float]:
         """D_n on ``DECODE_CTX`` (past the grid's batches: extended from its last two rows)."""
@@ -241,6 +253,22 @@ class CostTables:
         c_eq = max(work / big_x - big_x / (2.0 * m), 0.0)
         return self.nonattn_s(big_x) + self.attn_s(m, big_x / m, c_eq)
 
+    def mixed_step_s(self, parts: list[tuple[int, int]], n: int, context_per_seq: float) -> float:
+        """t_mix = G[X + n] + A[m, X / m, c_eq] + D[n, s] - N[n]: the prefill chunk ``parts`` and
+        one decode iteration of n sequences of ``context_per_seq`` tokens in one forward pass."""
+        if n <= 0:
+            return self.prefill_chunk_s(parts)
+        live = [(x, c) for x, c in parts if x > 0]
+        if not live:
+            return self.decode_step_s(n, context_per_seq)
+        m = len(live)
+        big_x = sum(x for x, _ in live)
+        work = sum(x * (c + x / 2.0) for x, c in live)
+        c_eq = max(work / big_x - big_x / (2.0 * m), 0.0)
+        n_row = _lerp(DECODE_BATCH, self.decode_nonattn, n) if n > len(self.decode_nonattn) else self.decode_nonattn[n - 1]
+        return (self.nonattn_s(big_x + n) + self.attn_s(m, big_x / m, c_eq)
+                + self.decode_step_s(n, context_per_seq) - n_row)
+
     def span(self, n: int, context: float, k_max: int) -> TableSpan:
         """The decode span of n sequences holding ``context`` tokens in all, up to ``k_max``
         iterations (module docstring)."""
@@ -248,7 +276,8 @@ class CostTables:
 
     # ---------------------------------------------------------------- file
     def payload(self) -> dict[str, Any]:
-        return {"decode": self.decode, "nonattn": self.nonattn, "attn": self.attn}
+        return {"decode": self.decode, "nonattn": self.nonattn, "attn": self.attn,
+                "decode_nonattn": self.decode_nonattn}
 
     def to_json(self) -> str:
         body = self.payload()
@@ -277,12 +306,14 @@ class CostTables:
         if not isinstance(body, dict) or data.get("sha256") != _checksum(body):
             raise ValueError("checksum mismatch (the file was altered or truncated)")
         shapes = {"decode": (len(DECODE_BATCH), len(DECODE_CTX)), "nonattn": (len(PREFILL_TOKENS),),
-                  "attn": (len(ATTN_BATCH), len(ATTN_NEW), len(ATTN_CACHED))}
+                  "attn": (len(ATTN_BATCH), len(ATTN_NEW), len(ATTN_CACHED)),
+                  "decode_nonattn": (len(DECODE_BATCH),)}
         for name, shape in shapes.items():
             flat = _flatten(body.get(name), shape, name)
             if not all(isinstance(v, float | int) and math.isfinite(v) and v > 0 for v in flat):
                 raise ValueError(f"table {name} holds a value that is not a positive finite number")
-        return CostTables(key, str(data.get("literal_version", "")), body["decode"], body["nonattn"], body["attn"])
+        return CostTables(key, str(data.get("literal_version", "")), body["decode"], body["nonattn"], body["attn"],
+                          body["decode_nonattn"])
 
 
 def _grids() -> dict[str, tuple[int, ...]]:
@@ -429,7 +460,9 @@ def build_tables(key: TableKey) -> CostTables:
         return _context_split(h, m, x, c)[1] / 1e3
 
     attn = [[[attention(m, x, c) for c in ATTN_CACHED] for x in ATTN_NEW] for m in ATTN_BATCH]
-    return CostTables(key, literal, decode, nonattn, attn)
+    dec_nonattn = [sum(v[1] for v in h.decode_step_per_op(n, DECODE_CTX[0], 2) if v[0] != "generation_attention") / 1e3
+                   for n in DECODE_BATCH]
+    return CostTables(key, literal, decode, nonattn, attn, dec_nonattn)
 
 
 @functools.lru_cache(maxsize=4)

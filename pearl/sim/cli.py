@@ -72,9 +72,13 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help="trace for Fig. 5 / Fig. 8 / Table 3 (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length for Fig. 5")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for independent replays")
-    p.add_argument("--systems", default=None, help="fig5 only: comma list of systems (default: all five)")
+    p.add_argument("--systems", default=None, help="fig5: comma list of systems (default: all of them); fig7: the "
+                   "ablation rungs to run (default all: roll,+pd,+pd+toggle,+pd+toggle+gate; roll always runs)")
     p.add_argument("--table2-seeds", type=int, default=None,
                    help="table2 only: paired workload seeds per budget (default 24; more resolve near-ties)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="fig5 / fig5-paper / fig7 / fig8: workload seeds per cell (default 1; >1 adds a table of "
+                        "means and spreads over the seeds)")
     p.add_argument("--quick", action="store_true", help="small scale (short segments, fewer points): for tests")
     p.add_argument("--docs", default="docs/EXPERIMENTS.md", help="markdown with every table ('' to skip)")
     p.set_defaults(func=experiments_main)
@@ -101,14 +105,18 @@ def simulate_main(args: argparse.Namespace) -> int:
 
 def experiments_main(args: argparse.Namespace) -> int:
     from pearl.sim.experiments import run_experiments
+    from pearl.sim.systems import UnknownSystemError
     from pearl.sim.traces import TraceError
 
+    if args.seeds < 1:
+        print(f"error: --seeds {args.seeds}: give at least 1 workload seed per cell", file=sys.stderr)
+        return 2
     try:
         out = run_experiments(args.which, Path(args.out), trace=args.trace, hours=args.hours, quick=args.quick,
                               docs=args.docs or None,
                               jobs=args.jobs, systems=args.systems.split(",") if args.systems else None,
-                              table2_seeds=args.table2_seeds)
-    except (ConfigError, TraceError) as e:
+                              table2_seeds=args.table2_seeds, seeds=args.seeds)
+    except (ConfigError, TraceError, UnknownSystemError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")

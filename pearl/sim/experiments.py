@@ -41,22 +41,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from pearl.config import CONFIG_DIR, RunConfig
+from pearl.sim.experiment_tables import (
+    FIG5_SYSTEMS,
+    bar_chart,
+    bound_oracle,
+    fig5_markdown,
+    fig7_seeds_rows,
+    fig8_seeds_rows,
+    seed_overrides,
+)
 from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
-from pearl.sim.simulate import oracle_bound
-from pearl.sim.systems import ABLATION, SYSTEMS
+from pearl.sim.systems import ABLATION, SYSTEMS, UnknownSystemError
 from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 #: Fig. 5 / Fig. 8 / Table 3 trace unless ``--trace`` names another (the shipped Bamboo g4dn trace).
 DEFAULT_TRACE = SHIPPED_TRACE
-FIG5_SYSTEMS = ("roll", "roll-large", "rlboost+", "pearl", "oracle", "pearl-coloc", "pearl-nogate")
 #: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
 #: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
 #: these minus the reserved ones.
@@ -79,21 +81,6 @@ def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[
 def _cfg(name: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """A run config under the calibrated ``paper`` workload (the one replay workload)."""
     return load_preset_config(CONFIG_DIR / f"{name}.yaml", "paper", dict(overrides or {}))
-
-
-def _bar(path: Path, groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * max(1, len(series)) / 3), 4))
-    w = 0.8 / max(1, len(series))
-    for i, (name, vals) in enumerate(series.items()):
-        ax.bar([j + i * w for j in range(len(groups))], vals, width=w, label=name)
-    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(groups))])
-    ax.set_xticklabels(groups, fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _save(out: Path, name: str, data: Any, md: str) -> str:
@@ -151,137 +138,119 @@ def _pmap(fn: Callable[[Any], Any], jobs: Sequence[Any], n_jobs: int,
 
 
 # ------------------------------------------------------------------------------------ fig 5
-def fig5_markdown(out: Path, results: Mapping[str, Any], name: str = "fig5") -> str:
-    """Table + bar chart from ``{"model/segment": {"segment", "systems": {name: summary}}}``
-    (partial results give a partial table: missing systems show '-'). ``name``: fig5 or
-    fig5-paper (the PNG's name and the heading)."""
-    names = [n for n in FIG5_SYSTEMS if any(n in r["systems"] for r in results.values())]
-
-    def tph(r: Mapping[str, Any], n: str) -> float | None:
-        s = r["systems"].get(n)
-        return None if s is None else float(s["trajectories_per_hour"])
-
-    rows = []
-    for key, r in results.items():
-        model, label = key.split("/")
-        base = tph(r, "roll")
-        row: list[Any] = [model, label, f"{r['segment']['mean_gpus']:.1f}"]
-        row += [f"{v / base:.2f}x" if base and (v := tph(r, n)) is not None else "-" for n in names]
-        pe, rb, orc = tph(r, "pearl"), tph(r, "rlboost+"), tph(r, "oracle")
-        row.append(f"{100 * (pe / rb - 1):+.1f}%" if pe and rb else "-")
-        row.append(f"{100 * pe / orc:.1f}%" if pe and orc else "-")
-        rate = {n: r["systems"].get(n, {}).get("batch_rate_per_hour") for n in ("roll", "rlboost+", "pearl")}
-        row.append(f"{rate['pearl'] / rate['roll']:.2f}x / {100 * (rate['pearl'] / rate['rlboost+'] - 1):+.1f}%"
-                   if all(rate.values()) else "-")
-        ps = r["systems"].get("pearl", {})
-        err = ps.get("makespan_prediction_error")
-        steady = ps.get("makespan_prediction_error_steady")
-        piece = ps.get("makespan_prediction_error_piecewise")
-        placed = ps.get("makespan_prediction_error_placed")
-
-        def pct(x: float | None) -> str:
-            return "-" if x is None else f"{100 * x:.1f}%"
-
-        row.append(f"{pct(err)} / {pct(piece)} / {pct(placed)} / {pct(steady)}")
-        cpu = [x.get("cpu_s", 0.0) for x in r["systems"].values() if x.get("cpu_s")]
-        row.append(f"{max(cpu):.0f}" if cpu else "-")
-        rows.append(row)
-    header = ["model", "segment", "mean spot GPUs", *names, "pearl vs rlboost+", "pearl / oracle",
-              "by whole batches: pearl / roll, vs rlboost+", "pearl predictor err (batch start / piecewise / piecewise placed / steady batches)", "max CPU s per system"]
-    groups = list(results)
-    series = {n: [(tph(results[g], n) or 0.0) / (tph(results[g], "roll") or 1.0) for g in groups] for n in names}
-    paper = name == "fig5-paper"
-    _bar(out / f"{name}.png", groups, series, "throughput / ROLL",
-         "Fig. 5" + (" (paper-matched segments)" if paper else "") + ": end-to-end throughput normalised to ROLL")
-    src = next((r["trace"] for r in results.values() if r.get("trace")), "the trace")
-    title = (f"## Fig. 5 on paper-matched segments: throughput normalised to ROLL (2-hour segments of {src} "
-             "whose mean preemptible GPUs match the paper's ROLL-Large pools of 14 / 10 / 12 GPUs)"
-             if paper else f"## Fig. 5: throughput normalised to ROLL (2-hour segments of {src})")
-    return title + "\n\n" + markdown_table(header, rows) + "\n"
-
-
 def fig5(out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
          progress: Callable[[str], None] = print, jobs: int = 1,
-         systems: Sequence[str] | None = None, segments: str = "picker") -> tuple[str, dict[str, Any]]:
-    """One job per (model, segment, system), longest (oracle) first; results saved as they arrive.
-    ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``)."""
+         systems: Sequence[str] | None = None, segments: str = "picker", seeds: int = 1) -> tuple[str, dict[str, Any]]:
+    """One job per (model, segment, system, seed), longest (oracle) first; results saved as they
+    arrive. ``segments``: ``picker`` (saved as fig5) or ``paper`` (fig5-paper; ``fig5_segments``).
+    ``seeds`` > 1: each cell on that many workload seeds (``experiment_tables``); the first seed's
+    runs fill the one-seed table, every seed's the table of means and spreads."""
     name = "fig5" if segments == "picker" else "fig5-paper"
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     systems = tuple(systems) if systems else (("roll", "rlboost+", "pearl") if quick else FIG5_SYSTEMS)
     dur_h = 0.34 if quick else hours
-    todo: list[tuple[str, str, SegmentPick, str, tuple[str, dict[str, Any], str | None, float, float,
-                                                       tuple[str, ...], bool]]] = []
+    todo: list[tuple[str, str, SegmentPick, str, int, tuple[str, dict[str, Any], str | None, float, float,
+                                                            tuple[str, ...], bool]]] = []
     for model, cfg_name in models:
         cfg = _cfg(cfg_name)
         picks = fig5_segments(tr, cfg, hours, segments)
         for label, p in picks.items():
             for sysname in systems:
-                todo.append((model, label, p, sysname,
-                             (cfg_name, {}, trace, p.start_hour, dur_h, (sysname,), False)))
-    todo.sort(key=lambda t: t[3] != "oracle")
-    part = out / f"{name}.partial.json"  # results of earlier (interrupted) runs are kept and merged
+                for i in range(seeds):
+                    todo.append((model, label, p, sysname, i,
+                                 (cfg_name, seed_overrides(cfg.workload.seed, i), trace, p.start_hour, dur_h,
+                                  (sysname,), False)))
+    todo.sort(key=lambda t: (t[4], t[3] != "oracle"))
+    # results of earlier (interrupted) runs are kept, merged and not replayed (delete the file to replay)
+    part = out / f"{name}.partial.json"
     results: dict[str, Any] = json.loads(part.read_text()) if part.is_file() else {}
+    for r in results.values():
+        if seeds > 1 and r.get("systems"):
+            r.setdefault("by_seed", {}).setdefault("0", {}).update(r["systems"])
+    order = list(dict.fromkeys(f"{t[0]}/{t[1]}" for t in todo if t[3] == systems[0]))
+
+    def have(t: tuple[Any, ...]) -> bool:
+        r = results.get(f"{t[0]}/{t[1]}", {})
+        got = r.get("by_seed", {}).get(str(t[4]), {}) if seeds > 1 else r.get("systems", {})
+        return r.get("trace") == Path(trace).name and t[3] in got
+
+    if done := sum(map(have, todo)):
+        progress(f"{name}: {done} replays already in {part}: kept (delete it to replay them)")
+        todo = [t for t in todo if not have(t)]
 
     def keep(i: int, res: dict[str, Any]) -> None:
-        model, label, p, sysname, _job = todo[i]
+        model, label, p, sysname, seed_i, _job = todo[i]
         r = results.setdefault(f"{model}/{label}", {"segment": p.to_dict(), "trace": Path(trace).name, "systems": {}})
-        r["systems"][sysname] = res["systems"][sysname]
+        if seed_i == 0:
+            r["systems"][sysname] = res["systems"][sysname]
+        if seeds > 1 or "by_seed" in r:  # a one-seed run adds to the seed-0 runs of a multi-seed one
+            r.setdefault("by_seed", {}).setdefault(str(seed_i), {})[sysname] = res["systems"][sysname]
         part.write_text(json.dumps(results, indent=1, default=str))
-        progress(f"{name} done: {model} {label} {sysname}")
+        progress(f"{name} done: {model} {label} {sysname} seed #{seed_i}")
 
     progress(f"{name}: {len(todo)} replays")
-    _pmap(_sim_job, [t[4] for t in todo], jobs, keep)
-    order = list(dict.fromkeys(f"{t[0]}/{t[1]}" for t in todo if t[3] == systems[0]))
+    _pmap(_sim_job, [t[5] for t in todo], jobs, keep)
     results = {k: bound_oracle(results[k]) for k in order if k in results}
     return _save(out, name, results, fig5_markdown(out, results, name)), results
 
 
-def bound_oracle(result: Mapping[str, Any]) -> dict[str, Any]:
-    """One segment's result with its oracle bounded by every system replayed on the segment
-    (``pearl.sim.simulate.oracle_bound``; each system ran as its own job, so the bound is taken
-    here). The saved partial results stay unbounded, so applying it again gives the same."""
-    systems = dict(result["systems"])
-    if "oracle" in systems:
-        systems["oracle"] = oracle_bound("oracle", systems, {n for n, s in SYSTEMS.items() if s.fixed_pool is not None})
-    return {**result, "systems": systems}
-
-
 # ------------------------------------------------------------------------------------ fig 7
 def fig7(out: Path, quick: bool = False, progress: Callable[[str], None] = print,
-         jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         jobs: int = 1, seeds: int = 1, variants: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """``seeds`` > 1: every pool on that many workload seeds; the first seed's runs fill the
+    one-seed table (and ``<model>/<n>`` of the JSON), every seed's the table of means and spreads
+    (``<model>/<n>/seeds``). ``variants``: the rungs of the ladder to run (default all of
+    ``ABLATION``; ``roll``, the base of every gain, always runs)."""
+    unknown = [v for v in variants or () if v not in ABLATION]
+    if unknown:
+        raise UnknownSystemError(f"fig7 variants {unknown} unknown; the ladder: {', '.join(ABLATION)}")
+    ladder = [v for v in ABLATION if v == "roll" or not variants or v in variants]
     pools = (4, 8) if quick else (4, 8, 12, 16)
     models = list(MODELS.items())[:1] if quick else list(MODELS.items())
     dur_h = 0.34 if quick else 1.0  # fixed pools reach a steady state within the hour
     results: dict[str, Any] = {}
+    by_seed: dict[str, Any] = {}
     rows = []
-    todo = [(model, n, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0}, None,
-                        0.0, dur_h, tuple(ABLATION), True))
-            for model, cfg_name in models for n in pools]
-    progress(f"fig7: {len(todo)} pools x {len(ABLATION)} variants")
-    for (model, n, _j), res in zip(todo, _pmap(_sim_job, [t[2] for t in todo], jobs), strict=True):
+    todo = [(model, n, i, (cfg_name, {"cluster.reserved_gpus": n, "cluster.max_preemptible_gpus": 0,
+                                      **seed_overrides(_cfg(cfg_name).workload.seed, i)}, None,
+                           0.0, dur_h, tuple(ladder), True))
+            for model, cfg_name in models for n in pools for i in range(seeds)]
+    progress(f"fig7: {len(todo)} pools x seeds x {len(ladder)} variants")
+    for (model, n, i, _j), res in zip(todo, _pmap(_sim_job, [t[3] for t in todo], jobs), strict=True):
         s = res["systems"]
+        by_seed.setdefault(f"{model}/{n}", {"by_seed": {}})["by_seed"][str(i)] = s
+        if i:
+            continue
         base = s["roll"]["trajectories_per_hour"]
         results[f"{model}/{n}"] = s
         rate0 = s["roll"].get("batch_rate_per_hour")
-        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ABLATION]
-                    + [" / ".join(f"{100 * (s[k]['batch_rate_per_hour'] / rate0 - 1):+.1f}%" for k in list(ABLATION)[1:])
-                       if rate0 and all(s[k].get("batch_rate_per_hour") for k in ABLATION) else "-"])
+        rows.append([model, n] + [f"{100 * (s[k]['trajectories_per_hour'] / base - 1):+.1f}%" for k in ladder]
+                    + [" / ".join(f"{100 * (s[k]['batch_rate_per_hour'] / rate0 - 1):+.1f}%" for k in ladder[1:])
+                       if rate0 and all(s[k].get("batch_rate_per_hour") for k in ladder) else "-"])
     md = ("## Fig. 7: ablation on fixed rollout pools (gain over ROLL)\n\n"
           "Counted = completed trajectories in the hour (moves by one batch, 6-12 %, where the hour cuts a "
           "batch); by whole batches = `batch_rate_per_hour` (no end effect).\n\n" + markdown_table(
-              ["model", "rollout GPUs", *ABLATION, "by whole batches: " + " / ".join(list(ABLATION)[1:])], rows) + "\n")
-    groups = list(results)
+              ["model", "rollout GPUs", *ladder, "by whole batches: " + " / ".join(ladder[1:])], rows) + "\n")
+    if seeds > 1:
+        md += (f"\nOver {seeds} workload seeds per pool (`--seeds {seeds}`; gain over roll per seed on completed "
+               "trajectories, then mean ± sample sd [min, max]):\n\n" + markdown_table(
+                   ["model", "rollout GPUs", "seeds", *ladder[1:]], fig7_seeds_rows(by_seed, ladder)) + "\n")
+        for key, v in by_seed.items():
+            results[f"{key}/seeds"] = v["by_seed"]
+    groups = [g for g in results if not g.endswith("/seeds")]
     series = {k: [results[g][k]["trajectories_per_hour"] / results[g]["roll"]["trajectories_per_hour"] for g in groups]
-              for k in ABLATION}
-    _bar(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
+              for k in ladder}
+    bar_chart(out / "fig7.png", groups, series, "throughput / ROLL", "Fig. 7: PD disaggregation, toggle, gate")
     return _save(out, "fig7", results, md), results
 
 
 # ------------------------------------------------------------------------------------ fig 8
 def fig8(out: Path, trace: str | None = None, quick: bool = False,
-         progress: Callable[[str], None] = print, jobs: int = 1) -> tuple[str, dict[str, Any]]:
+         progress: Callable[[str], None] = print, jobs: int = 1, seeds: int = 1) -> tuple[str, dict[str, Any]]:
+    """``seeds`` > 1: every point on that many workload seeds (first seed: the one-seed table and
+    ``<point>`` of the JSON; every seed: the table of means and spreads, ``<point>/seeds``)."""
     trace = str(trace or DEFAULT_TRACE)
     tr = load_trace(trace)
     base_cfg = _cfg("qwen3-8b-h200")
@@ -301,9 +270,16 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
     results: dict[str, Any] = {}
     rows = []
     progress(f"fig8: {len(points)} points")
-    todo = [("qwen3-8b-h200", ov, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False) for _l, ov in points]
-    for (label, _ov), res in zip(points, _pmap(_sim_job, todo, jobs), strict=True):
+    base_seed = base_cfg.workload.seed
+    todo = [("qwen3-8b-h200", {**ov, **seed_overrides(base_seed, i)}, trace, p.start_hour, dur_h, ("rlboost+", "pearl"), False)
+            for _l, ov in points for i in range(seeds)]
+    labels = [(label, i) for label, _ov in points for i in range(seeds)]
+    by_seed: dict[str, Any] = {}
+    for (label, i), res in zip(labels, _pmap(_sim_job, todo, jobs), strict=True):
         s = res["systems"]
+        by_seed.setdefault(label, {"by_seed": {}})["by_seed"][str(i)] = s
+        if i:
+            continue
         results[label] = s
         rb, pe = s["rlboost+"]["trajectories_per_hour"], s["pearl"]["trajectories_per_hour"]
         rr, rp = s["rlboost+"].get("batch_rate_per_hour"), s["pearl"].get("batch_rate_per_hour")
@@ -311,7 +287,14 @@ def fig8(out: Path, trace: str | None = None, quick: bool = False,
                      f"{100 * (rp / rr - 1):+.1f}%" if rr and rp else "-"])
     md = "## Fig. 8: workload sensitivity (Qwen3-8B, volatile segment)\n\n" + markdown_table(
         ["point", "rlboost+ traj/h", "pearl traj/h", "pearl vs rlboost+", "by whole batches"], rows) + "\n"
-    _bar(out / "fig8.png", [r[0] for r in rows], {"rlboost+": [r[1] for r in rows], "pearl": [r[2] for r in rows]},
+    if seeds > 1:
+        md += (f"\nOver {seeds} workload seeds per point (`--seeds {seeds}`; per seed on completed trajectories, then "
+               "mean ± sample sd [min, max]):\n\n" + markdown_table(
+                   ["point", "seeds", "completed, mean: rlboost+ / pearl", "pearl vs rlboost+",
+                    "by whole batches: pearl vs rlboost+"], fig8_seeds_rows(by_seed)) + "\n")
+        for key, v in by_seed.items():
+            results[f"{key}/seeds"] = v["by_seed"]
+    bar_chart(out / "fig8.png", [r[0] for r in rows], {"rlboost+": [r[1] for r in rows], "pearl": [r[2] for r in rows]},
          "trajectories / h", "Fig. 8: batch size and trajectory length limit")
     return _save(out, "fig8", results, md), results
 
@@ -583,21 +566,21 @@ def _mtime(path: Path) -> str:
 def run_experiments(which: str, out: Path, trace: str | None = None, hours: float = 2.0, quick: bool = False,
                     docs: str | None = "docs/EXPERIMENTS.md", progress: Callable[[str], None] = print,
                     jobs: int = 1, systems: Sequence[str] | None = None,
-                    table2_seeds: int | None = None) -> Path:
+                    table2_seeds: int | None = None, seeds: int = 1) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     parts: list[str] = []
     stamps = ""
     f5 = None
     if which in ("fig5", "all"):
-        md, f5 = fig5(out, trace, hours, quick, progress, jobs, systems)
+        md, f5 = fig5(out, trace, hours, quick, progress, jobs, systems, seeds=seeds)
         parts.append(md)
     if which in ("fig5-paper", "all"):
-        parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper")[0])
+        parts.append(fig5(out, trace, hours, quick, progress, jobs, systems, segments="paper", seeds=seeds)[0])
     if which in ("fig7", "all"):
-        parts.append(fig7(out, quick, progress, jobs)[0])
+        parts.append(fig7(out, quick, progress, jobs, seeds, systems if which == "fig7" else None)[0])
     if which in ("fig8", "all"):
-        parts.append(fig8(out, trace, quick, progress, jobs)[0])
+        parts.append(fig8(out, trace, quick, progress, jobs, seeds)[0])
     if which in ("table2", "all"):
         parts.append(table2(out, quick, progress, jobs, table2_seeds)[0])
     if which in ("table3", "all"):

@@ -93,6 +93,38 @@ def test_a_mixed_chunk_costs_the_uniform_batch_of_its_tokens_and_work(tables_8b:
     assert tables_8b.prefill_chunk_s([(0, 500)]) == 0.0
 
 
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-8B", "Qwen/Qwen3-30B-A3B"])
+def test_the_mixed_step_is_the_databases_and_not_chunk_plus_decode(model: str) -> None:
+    """t_mix against the database's mixed step (one request of x new tokens over c cached, n decodes
+    at the same context), off the grids: its shared non-attention pass and its decode attention within
+    2 %, the whole step within 2 % where nothing is cached (the database prices a mixed chunk's
+    attention as if it had no cached tokens; t_mix keeps the chunk's attention of its prefill, the
+    cost the emulator gives that chunk alone). And it is below the chunk plus a decode iteration by
+    the decode's non-attention operators N[n], which the shared pass does not run twice."""
+    tables = load_tables(_key(model))
+    db = et._handle(_key(model))[0]
+    rng = random.Random(7)
+    saved: list[tuple[float, float]] = []
+    for i in range(16):
+        x, n = rng.randint(300, 8000), rng.randint(1, 200)
+        c = 0 if i % 2 else rng.randint(200, 20_000)
+        total, shared, _ctx_attn, dec_attn = (v / 1e3 for v in db.mixed_step_breakdown(x, n, x + c, 2, c))
+        got = tables.mixed_step_s([(x, c)], n, x + c)
+        assert tables.nonattn_s(x + n) == pytest.approx(shared, rel=TOL), (x, c, n)
+        assert tables.decode_step_s(n, x + c) - tables.decode_nonattn[n - 1] == pytest.approx(dec_attn, rel=TOL)
+        assert got - tables.nonattn_s(x + n) - (tables.decode_step_s(n, x + c) - tables.decode_nonattn[n - 1]) == (
+            pytest.approx(tables.attn_s(1, x, c)))
+        if c == 0:
+            assert got == pytest.approx(total, rel=TOL), (x, n)
+        apart = tables.prefill_chunk_s([(x, c)]) + tables.decode_step_s(n, x + c)
+        assert apart - got == pytest.approx(tables.decode_nonattn[n - 1] - (tables.nonattn_s(x + n) - tables.nonattn_s(x)))
+        saved.append((apart - got, tables.decode_nonattn[n - 1]))
+    # the GEMM tables' kinks make G[x + n] - G[x] jump, so one step may save little; on average over half N[n]
+    assert sum(a for a, _ in saved) > 0.5 * sum(b for _, b in saved) > 16 * 1e-3  # a millisecond and more per step
+    assert tables.mixed_step_s([(500, 0)], 0, 0.0) == tables.prefill_chunk_s([(500, 0)])
+    assert tables.mixed_step_s([], 8, 4000.0) == tables.decode_step_s(8, 4000.0)
+
+
 @pytest.mark.parametrize(("n", "context", "k"), [(1, 100, 3000), (7, 7 * 5000, 20_000), (64, 64 * 30_000, 40_000),
                                                   (200, 200 * 127.5, 500)])
 def test_span_sum_is_the_sum_of_its_steps_and_inverts(tables_8b: CostTables, n: int, context: float, k: int) -> None:
@@ -115,7 +147,8 @@ def test_cache_is_reused_and_a_corrupt_or_stale_file_is_rebuilt_loudly(
 
     def build(key: et.TableKey) -> CostTables:  # the database build itself: test_*_interpolates_*
         built.append(key)
-        return CostTables(key, tables_8b.literal_version, tables_8b.decode, tables_8b.nonattn, tables_8b.attn)
+        return CostTables(key, tables_8b.literal_version, tables_8b.decode, tables_8b.nonattn, tables_8b.attn,
+                          tables_8b.decode_nonattn)
 
     monkeypatch.setattr(et, "build_tables", build)
     key = _key()
@@ -137,7 +170,7 @@ def test_cache_is_reused_and_a_corrupt_or_stale_file_is_rebuilt_loudly(
         load_tables(key, tmp_path)
     assert len(built) == 3 and "not JSON" in caplog.text
     other = et.TableKey(*[*list(key.__getattribute__(f) for f in key.__slots__)][:-1], "0.0.1")
-    path.write_text(CostTables(other, "", tables_8b.decode, tables_8b.nonattn, tables_8b.attn).to_json())
+    path.write_text(CostTables(other, "", tables_8b.decode, tables_8b.nonattn, tables_8b.attn, tables_8b.decode_nonattn).to_json())
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="pearl.engines.emulated_tables"):
         load_tables(key, tmp_path)  # a file of another package version under this name: stale

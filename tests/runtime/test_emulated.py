@@ -204,3 +204,48 @@ def test_prefix_reuse_fraction_and_no_driver_crash() -> None:
         second, crashes = run_virtual(main(reuse))
         assert second.cached_tokens == expected and len(second.output_ids) == 10
         assert crashes == []
+
+
+def _chunk_beside_a_decode(mixed: bool):
+    """Request a (2000-token prompt, 400 new) decodes alone; 0.5 s in, b (6000-token prompt, 50
+    new) arrives: its prefill chunk runs beside a's decoding, mixed into one pass or alone."""
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(**{"emulator.costs": "database", "emulator.mixed_chunk": mixed}), clock)
+        eng.iteration_log = []
+        await _launch_all(eng, ("w", Role.COLOCATED))
+
+        async def late():
+            await clock.sleep(0.5)
+            return await eng.generate("w", _req("b/1", 6000, 50, start=50_000))
+
+        a, b = await asyncio.gather(eng.generate("w", _req("a/1", 2000, 400)), late())
+        split = eng.phase_split()
+        await eng.close()
+        return eng, a, b, split
+
+    return run_virtual(main())
+
+
+def test_a_mixed_chunk_carries_the_running_decodes_one_token() -> None:
+    """emulator.mixed_chunk (SGLang --enable-mixed-chunk): b's chunk is one pass of the database's
+    mixed step with a's decode, and a gets a token from it; off (SGLang's default), a waits for the
+    chunk. Every token is made once either way."""
+    off_eng, a_off, b_off, split_off = _chunk_beside_a_decode(False)
+    on_eng, a_on, b_on, split_on = _chunk_beside_a_decode(True)
+    for a, b in ((a_off, b_off), (a_on, b_on)):
+        assert len(a.output_ids) == 400 and len(b.output_ids) == 50
+    assert split_on["decode_tokens"] == split_off["decode_tokens"] == 399 + 49
+    # a's span before b arrived: identical in both runs; b's chunk starts at its cut
+    first = on_eng.iteration_log[0]
+    assert first == off_eng.iteration_log[0] and first.batch == 1
+    ctx = first.context_tokens + first.steps
+    c = on_eng.costs
+    chunk, mixed = c.prefill_chunk_s([(6000, 0)]), c.mixed_step_s([(6000, 0)], 1, ctx)
+    assert b_off.timings.prefill_s == pytest.approx(chunk)
+    assert b_on.timings.prefill_s == pytest.approx(mixed)
+    assert chunk < mixed < chunk + c.decode_step_s(1, ctx)  # cheaper than the chunk and a decode apart
+    # the mixed pass's time beyond the chunk is decode time; the chunk alone is prefill time
+    assert split_on["prefill_busy_s"] == pytest.approx(split_off["prefill_busy_s"])
+    # a is one iteration ahead after b's chunk: it finishes before it does with the chunk alone
+    assert a_on.timings.decode_s < a_off.timings.decode_s
