@@ -211,15 +211,15 @@ def _chunk_beside_a_decode(mixed: bool):
     new) arrives: its prefill chunk runs beside a's decoding, mixed into one pass or alone."""
     async def main():
         clock = LoopClock()
-        eng = EmulatedEngine.from_config(config(**{"emulator.costs": "database", "emulator.mixed_chunk": mixed}), clock)
-        eng.iteration_log = []
+        eng = EmulatedEngine.from_config(config(**{"emulator.costs": "database", "emulator.mixed_chunk": mixed}), clock,
+                                         iteration_log=[])
         await _launch_all(eng, ("w", Role.COLOCATED))
 
         async def late():
             await clock.sleep(0.5)
-            return await eng.generate("w", _req("b/1", 6000, 50, start=50_000))
+            return await eng.generate("w", _req("b", 1, 6000, 50, start=50_000))
 
-        a, b = await asyncio.gather(eng.generate("w", _req("a/1", 2000, 400)), late())
+        a, b = await asyncio.gather(eng.generate("w", _req("a", 1, 2000, 400)), late())
         split = eng.phase_split()
         await eng.close()
         return eng, a, b, split
