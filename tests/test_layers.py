@@ -258,7 +258,7 @@ def _scopes(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None]]:
 def _component_classes(root: Path) -> set[str]:
     """Public classes of ``pearl`` with behaviour: not a dataclass, NamedTuple, pydantic model, enum,
     Protocol or exception (records: filling their fields is a data update), nor a module's private
-    ``_Name`` (that module's own state, e.g. the emulator's ``_Worker``)."""
+    ``_Name`` (that module's own state, e.g. the sglang fake's ``_Req``)."""
     records = {"NamedTuple", "BaseModel", "TypedDict", "Enum", "StrEnum", "IntEnum", "Protocol", "Exception"}
     out = set()
     for path in (root / "pearl").rglob("*.py"):

@@ -6,41 +6,9 @@ deliberately a *different* model from the decision engine's closed-form predicto
 (``pearl.core.profile`` / ``makespan``): the predictor sums per-turn costs with fitted linear
 coefficients; the emulator runs iteration-level continuous batching per worker.
 
-Per worker, the request life cycle (queues in order)::
-
-    waiting --KV admission--> prefilling --chunks--> decoding --last token--> done
-                 (FIFO;            (chunked prefill,      (continuous batching:
-              head-of-line          <= chunk_tokens        one token per running
-                 blocking)          per iteration)         request per iteration)
-    PD:  prefill worker: waiting -> prefilling -> (first token) -> handed off
-         decode worker:  kv-wait (FIFO) -> transfer -> decoding -> done
-
-Scheduling choices (SGLang's defaults, written down here):
-
-* **Prefill first.** When a colocated worker has admitted prefill work, the next iteration is a
-  prefill chunk and every running decode stalls for it ("prefill interrupts decode"). A chunk
-  takes up to ``EmulatorSpec.chunk_tokens`` new tokens from the admitted requests in FIFO order.
-* **KV admission.** A request is admitted only if ``prompt + max_new_tokens`` tokens fit in the
-  worker's KV pool (so a running request never needs preemption); prefix-cache entries are evicted
-  LRU to make room; otherwise it waits (FIFO). The pool is
-  ``H_max = (tp * memory_gb * memory_utilization - weight_bytes) / kv_bytes_per_token``.
-* **Prefix cache.** Requests with one ``GenerateRequest.conversation`` (the trajectory id) are one
-  conversation. A worker remembers
-  the last context it held per conversation; the next request of that conversation reuses
-  ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
-  (per role: ``EmulatorPhysics.prefix_reuse_colocated`` / ``prefix_reuse_prefill``, both defaulting
-  to ``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
-  0.3, calibrated on the paper's Sec. 3.2 token / time split of colocated rollout - see
-  ``pearl/sim/presets.py``; routing itself stays conversation-sticky, as ROLL's
-  ``EnvAffinityRouter`` is). Colocated workers
-  cache prompt + output; a PD prefill worker caches only the prompt (the output was decoded
-  elsewhere); a decode worker frees its KV when a request ends (SGLang's decode side keeps no
-  radix cache). A weight update or memory release flushes the cache.
-* **Mixed chunks off** (SGLang's ``enable_mixed_chunk = False``, as PEARL launches it). With
-  ``emulator.mixed_chunk`` the chunk carries the running decodes instead: one forward pass of
-  ``mixed_step_s`` (the database's mixed step: the weights read once for both), each running
-  request one token longer; its time beyond the chunk alone counts as decode time.
-* **The first output token comes from the prefill pass** (as in SGLang/vLLM).
+One server's queues, KV pool, prefix cache, decode batch and driver, and the scheduling choices
+they follow (SGLang's defaults: prefill first, KV admission, the prefix cache, mixed chunks off),
+are in ``pearl.engines.emulated_server``; this module owns the servers and the engine's API.
 
 Phase counters (``phase_split``): per worker, busy seconds in prefill chunks and decode spans,
 prompt tokens computed by prefill, prompt tokens served from the prefix cache, tokens decoded -
@@ -78,20 +46,13 @@ request continues the very token stream an uninterrupted one would have produced
 exact.
 
 Public names: ``EmulatedEngine``, ``WorkerCosts`` (re-exported), ``emulator_summary``.
-
-This module is longer than our usual ~600 lines on purpose: one worker's queues, KV pool, prefix
-cache, decode batch and driver are one state machine, and splitting it would scatter invariants
-(e.g. "a reservation is freed exactly once") across files.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import random
 import zlib
-from collections import OrderedDict, deque
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,9 +71,9 @@ from pearl.engines.base import (
     RequestTimings,
     ServerSpec,
 )
-from pearl.engines.emulated_costs import LineSpan, MeasuredCosts, WorkerCosts, worker_costs
+from pearl.engines.emulated_costs import MeasuredCosts, WorkerCosts, worker_costs
 from pearl.engines.emulated_physics import EmulatorPhysics, load_physics
-from pearl.engines.emulated_tables import TableSpan
+from pearl.engines.emulated_server import EmulatedRequest, EmulatedServer, IterationLoop, ServerStatus, Stage
 
 if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
@@ -124,114 +85,6 @@ _REQUEST_FIELDS = ("requests", "pd_requests", "prefill_queue_s", "kv_wait_s", "p
 
 #: per-worker phase counters folded into ``EmulatedEngine.phase_split``
 _PHASE_FIELDS = ("prefill_busy_s", "decode_busy_s", "prefill_tokens", "cached_tokens", "decode_tokens")
-
-
-# ---------------------------------------------------------------------------------- requests
-class _Stage(StrEnum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    KV_WAIT = "kv_wait"
-    TRANSFER = "transfer"
-    DECODE = "decode"
-    DONE = "done"
-
-
-class _Req:
-    __slots__ = (
-        "aborted", "attempt", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
-        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "kv_wait_s", "max_new", "p_reserved",
-        "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start", "prefilled", "queue_s", "reserved",
-        "rid", "stage", "submit_t", "transfer_s", "version", "workers",
-    )
-
-    def __init__(self, req: GenerateRequest, max_new: int, pd: bool, now: float,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.rid = req.rid
-        self.conv = req.conversation
-        self.attempt = req.attempt
-        self.input_ids = req.input_ids
-        self.max_new = max_new
-        self.pd = pd
-        self.cached = 0
-        self.prefilled = 0
-        self.generated = 0
-        self.reserved = 0
-        self.stage = _Stage.WAITING
-        self.fut: asyncio.Future[None] = loop.create_future()
-        self.submit_t = now
-        self.queue_s = self.prefill_s = self.transfer_s = self.decode_s = self.kv_wait_s = 0.0
-        self.prefill_start = self.prefill_end = self.decode_start = now
-        self.join_step = self.gen0 = self.finish_step = 0
-        self.conc0 = self.dtime0 = 0.0
-        self.conc = 1.0
-        self.p_reserved = 0
-        self.p_worker = ""  # PD: the prefill worker (holds p_reserved until the transfer is done)
-        self.d_worker = ""  # PD: the decode worker
-        self.version = 0
-        self.aborted = False
-        self.workers: list[str] = []
-
-    @property
-    def input_len(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def holder(self) -> str:
-        """The worker holding ``reserved`` KV tokens (and, while decoding, the batch slot)."""
-        return self.workers[-1]
-
-
-# ----------------------------------------------------------------------------------- workers
-class _WStatus(StrEnum):
-    LAUNCHING = "launching"
-    READY = "ready"
-    RELEASED = "released"
-    STOPPED = "stopped"
-
-
-class _Worker:
-    """One emulated server: queues, KV pool, prefix cache and a driver task (owned by the engine)."""
-
-    def __init__(self, spec: ServerSpec, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.id = spec.worker_id
-        self.role = spec.role
-        self.version = spec.weight_version
-        self.status = _WStatus.LAUNCHING
-        self.fresh = True  # no weights loaded since launch (the next load is "finalization")
-        self.paused = 0
-        self.capacity = capacity
-        self.kv_used = 0
-        self.cache: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # conv -> (len, first, last)
-        self.cache_tokens = 0
-        self.waiting: deque[_Req] = deque()
-        self.kv_wait: deque[_Req] = deque()
-        self.prefilling: list[_Req] = []
-        self.joining: list[_Req] = []
-        self.decoding: list[tuple[int, int, _Req]] = []  # heap (finish_step, seq, req)
-        self.n_decoding = 0
-        self.ctx_sum = 0  # total context of decoding requests at ``steps``
-        self.steps = 0  # decode iterations executed so far
-        self.conc_cum = 0.0  # integral of batch size over decode time
-        self.dtime_cum = 0.0  # decode time so far
-        self.seq = 0
-        self.span: tuple[float, int, int, LineSpan | TableSpan] | None = None
-        self.wake: asyncio.Future[None] = loop.create_future()
-        self.driver: asyncio.Task[None] | None = None
-        self.events = 0  # spans + chunks simulated (for the events/s figure)
-        # token / time split (paper Sec. 3.2): busy seconds and tokens per phase
-        self.prefill_busy_s = 0.0
-        self.decode_busy_s = 0.0
-        self.prefill_tokens = 0  # prompt tokens computed by prefill chunks
-        self.cached_tokens = 0  # prompt tokens served from the prefix cache at admission
-        self.decode_tokens = 0  # tokens generated by decode iterations
-
-    def poke(self) -> None:
-        if not self.wake.done():
-            self.wake.set_result(None)
-
-    @property
-    def load(self) -> int:
-        return len(self.waiting) + len(self.kv_wait) + len(self.prefilling) + len(self.joining) + self.n_decoding
 
 
 # ------------------------------------------------------------------------------------ engine
@@ -264,7 +117,7 @@ class EmulatedEngine:
             Role.COLOCATED: ph.value("prefix_reuse_colocated", 0.0),
             Role.PREFILL: ph.value("prefix_reuse_prefill", 0.0),
         }
-        #: decode KV reservation beyond the response (``_decode_need``): rho and the trajectory limit K
+        #: decode KV reservation beyond the response (``IterationLoop.decode_need``): rho and the trajectory limit K
         self._kv_reserve = ph.value("decode_kv_reserve", 0.0)
         self._traj_tokens = trajectory_tokens
         self.vocab = model.vocab_size
@@ -274,8 +127,8 @@ class EmulatedEngine:
         self._tok: tuple[int, ...] = tuple(rng.permutation(self.vocab).tolist())
         self._lp: tuple[float, ...] = tuple((-rng.exponential(0.7, self.vocab)).tolist())
         self.clock = clock
-        self._workers: dict[str, _Worker] = {}
-        self._inflight: dict[str, _Req] = {}
+        self._workers: dict[str, EmulatedServer] = {}
+        self._inflight: dict[str, EmulatedRequest] = {}
         self._fail_next: set[str] = set()
         self._fail_all_launches = False
         self._counts: dict[tuple[str, str], int] = {}
@@ -289,6 +142,9 @@ class EmulatedEngine:
         self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
         self._req_split: dict[str, float] = dict.fromkeys(_REQUEST_FIELDS, 0.0)
         self._busy_retired: dict[str, tuple[str, float, float]] = {}
+        self.iterations = IterationLoop(clock, self.emu, self.costs, self._reuse, self._kv_reserve, trajectory_tokens,
+                                        self._inflight, self._workers, self.crashes, iteration_log,
+                                        self._abort_worker)
 
     @staticmethod
     def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None,
@@ -327,7 +183,7 @@ class EmulatedEngine:
         return {rid: (r.stage.value, tuple(r.workers)) for rid, r in self._inflight.items()}
 
     def worker_ids(self) -> list[str]:
-        return sorted(w for w, x in self._workers.items() if x.status is not _WStatus.STOPPED)
+        return sorted(w for w, x in self._workers.items() if x.status is not ServerStatus.STOPPED)
 
     def worker_load(self, worker_id: str) -> int:
         w = self._workers.get(worker_id)
@@ -349,7 +205,7 @@ class EmulatedEngine:
         one with its role at the stop)."""
         out = dict(self._busy_retired)
         for w in self._workers.values():
-            if w.status is not _WStatus.STOPPED:
+            if w.status is not ServerStatus.STOPPED:
                 _, p, d = out.get(w.id, (w.role.value, 0.0, 0.0))
                 out[w.id] = (w.role.value, p + w.prefill_busy_s, d + w.decode_busy_s)
         return out
@@ -423,31 +279,30 @@ class EmulatedEngine:
     # ------------------------------------------------------------------ life cycle
     async def launch(self, spec: ServerSpec) -> None:
         old = self._workers.get(spec.worker_id)
-        if old is not None and old.status is not _WStatus.STOPPED:
+        if old is not None and old.status is not ServerStatus.STOPPED:
             raise EngineStartError(spec.worker_id, "already running; stop it before launching again")
         loop = asyncio.get_running_loop()
-        w = _Worker(spec, self.costs.kv_capacity_tokens, loop)
+        w = EmulatedServer(spec, self.costs.kv_capacity_tokens, loop)
         self._workers[spec.worker_id] = w
         try:
             await self._spend("launch", spec.worker_id, self._sample("launch", spec.worker_id, *self.emu.launch_s))
         except asyncio.CancelledError:
-            w.status = _WStatus.STOPPED
+            w.launch_failed()
             raise
         gpu_keys = {f"gpu:{d}" for d in spec.devices} & self._fail_next
-        if spec.worker_id in self._fail_next or gpu_keys or w.status is _WStatus.STOPPED:
+        if spec.worker_id in self._fail_next or gpu_keys or w.status is ServerStatus.STOPPED:
             self._fail_next.discard(spec.worker_id)
             self._fail_next.difference_update(gpu_keys)
-            w.status = _WStatus.STOPPED
+            w.launch_failed()
             raise EngineStartError(spec.worker_id, "emulated launch failure (injected)", exit_code=1,
                                    log_tail="RuntimeError: CUDA error: out of memory (emulated)")
-        w.status = _WStatus.READY
-        w.driver = asyncio.create_task(self._drive(w), name=f"emulated-driver-{w.id}")
+        w.launched(asyncio.create_task(self.iterations.drive(w), name=f"emulated-driver-{w.id}"))
 
     async def stop(self, worker_id: str) -> None:
         w = self._workers.get(worker_id)
-        if w is None or w.status is _WStatus.STOPPED:
+        if w is None or w.status is ServerStatus.STOPPED:
             return
-        w.status = _WStatus.STOPPED
+        w.status = ServerStatus.STOPPED
         self._abort_worker(w)
         if w.driver is not None:
             w.driver.cancel()
@@ -463,17 +318,17 @@ class EmulatedEngine:
 
     async def healthy(self, worker_id: str) -> bool:
         w = self._workers.get(worker_id)
-        return w is not None and w.status in (_WStatus.READY, _WStatus.RELEASED)
+        return w is not None and w.status in (ServerStatus.READY, ServerStatus.RELEASED)
 
     async def close(self) -> None:
         for wid in list(self._workers):
             await self.stop(wid)
 
-    def _serving(self, worker_id: str, role: Role | None = None) -> _Worker:
+    def _serving(self, worker_id: str, role: Role | None = None) -> EmulatedServer:
         w = self._workers.get(worker_id)
-        if w is None or w.status in (_WStatus.STOPPED, _WStatus.LAUNCHING):
+        if w is None or w.status in (ServerStatus.STOPPED, ServerStatus.LAUNCHING):
             raise EngineDeadError(worker_id, "no such running emulated worker (stopped or never launched)")
-        if w.status is _WStatus.RELEASED:
+        if w.status is ServerStatus.RELEASED:
             raise EngineError(worker_id, "memory is released (borrowed GPU returned); resume_memory first")
         if role is not None and w.role is not role:
             raise EngineError(worker_id, f"worker has role {w.role.value}, the request needs {role.value}")
@@ -506,30 +361,30 @@ class EmulatedEngine:
         try:
             self._enqueue(p, r)
             await r.fut
-            if r.stage is _Stage.DONE:
+            if r.stage is Stage.DONE:
                 return self._result(r, p.id, d.id)
             # KV admission on the decode worker (FIFO); the prompt's KV stays on the prefill worker
             # (p_reserved) until the transfer is done. The grant resolves r.fut (so does an abort).
             r.fut = loop.create_future()
             r.workers = [p.id, d.id]
-            if d.status is not _WStatus.READY:
+            if d.status is not ServerStatus.READY:
                 self._abort(r)
                 return self._result(r, p.id, d.id)
-            r.stage = _Stage.KV_WAIT
+            r.stage = Stage.KV_WAIT
             d.kv_wait.append(r)
             d.poke()
             await r.fut
-            if r.stage is _Stage.DONE:
+            if r.stage is Stage.DONE:
                 return self._result(r, p.id, d.id)
             r.fut = loop.create_future()
-            r.stage = _Stage.TRANSFER
+            r.stage = Stage.TRANSFER
             t0 = self.clock.now()
             if await self.clock.wait(r.fut, t0 + self.costs.transfer_s(r.input_len)):
                 return self._result(r, p.id, d.id)  # aborted during the transfer
             r.transfer_s = self.clock.now() - t0
-            self._release_prefill_kv(r)
+            self.iterations.release_prefill_kv(r)
             r.version = min(r.version, d.version)
-            r.stage = _Stage.DECODE
+            r.stage = Stage.DECODE
             d.joining.append(r)
             d.poke()
             await r.fut
@@ -538,22 +393,22 @@ class EmulatedEngine:
             raise
         return self._result(r, p.id, d.id)
 
-    def _new_req(self, req: GenerateRequest, pd: bool) -> _Req:
+    def _new_req(self, req: GenerateRequest, pd: bool) -> EmulatedRequest:
         if req.sampling.max_new_tokens < 1:
             raise EngineError("-", f"request {req.rid}: max_new_tokens must be >= 1")
         if req.rid in self._inflight:
             raise EngineError("-", f"request id {req.rid!r} is already in flight; rids must be unique per attempt")
-        r = _Req(req, req.sampling.max_new_tokens, pd, self.clock.now(),
+        r = EmulatedRequest(req, req.sampling.max_new_tokens, pd, self.clock.now(),
                  asyncio.get_running_loop())
         self._inflight[r.rid] = r
         return r
 
-    def _enqueue(self, w: _Worker, r: _Req) -> None:
-        r.stage = _Stage.WAITING
+    def _enqueue(self, w: EmulatedServer, r: EmulatedRequest) -> None:
+        r.stage = Stage.WAITING
         w.waiting.append(r)
         w.poke()
 
-    def _result(self, r: _Req, worker_id: str, decode_id: str) -> GenerateResult:
+    def _result(self, r: EmulatedRequest, worker_id: str, decode_id: str) -> GenerateResult:
         self._inflight.pop(r.rid, None)
         n = r.generated
         if n:
@@ -605,7 +460,7 @@ class EmulatedEngine:
                 if r.rid == rid and (worker_id in r.workers or r.d_worker == worker_id):
                     self._abort(r)
 
-    def _abort_worker(self, w: _Worker) -> None:
+    def _abort_worker(self, w: EmulatedServer) -> None:
         # PD: a request still prefilling elsewhere is bound for its decode worker too (``d_worker``);
         # aborting only those already on it would let a draining decode worker take new hand-offs
         # and serve them to the end (borrowed-GPU returns of 22-38 s instead of ~4 s)
@@ -613,9 +468,9 @@ class EmulatedEngine:
             if w.id in r.workers or r.d_worker == w.id:
                 self._abort(r)
 
-    def _abort(self, r: _Req) -> None:
+    def _abort(self, r: EmulatedRequest) -> None:
         """End ``r`` now with the tokens completed so far; free its KV; wake the worker(s)."""
-        if r.stage is _Stage.DONE:
+        if r.stage is Stage.DONE:
             return
         now = self.clock.now()
         for wid in r.workers:
@@ -626,21 +481,21 @@ class EmulatedEngine:
                 w.waiting.remove(r)
             if r in w.prefilling:
                 w.prefilling.remove(r)
-                self._free(w, r, cache_len=r.cached + r.prefilled)
+                self.iterations.free(w, r, cache_len=r.cached + r.prefilled)
             if r in w.kv_wait:
                 w.kv_wait.remove(r)
             if r in w.joining:
                 w.joining.remove(r)
-            elif r.stage is _Stage.DECODE and r.join_step >= 0 and wid == r.holder:
-                self._leave_decode(w, r, now)
+            elif r.stage is Stage.DECODE and r.join_step >= 0 and wid == r.holder:
+                self.iterations.leave_decode(w, r, now)
                 r.decode_s = now - r.decode_start
             w.poke()
-        self._release_prefill_kv(r)
+        self.iterations.release_prefill_kv(r)
         holder = self._workers.get(r.holder)
         if r.reserved and holder is not None:
-            self._free(holder, r, cache_len=0 if r.pd else r.input_len + r.generated)
+            self.iterations.free(holder, r, cache_len=0 if r.pd else r.input_len + r.generated)
         r.aborted = True
-        r.stage = _Stage.DONE
+        r.stage = Stage.DONE
         if not r.fut.done():
             r.fut.set_result(None)
 
@@ -662,10 +517,10 @@ class EmulatedEngine:
         (``weight_update_s``). In-flight requests end with ``abort`` (their tokens came from the old
         version) and the prefix cache is flushed."""
         w = self._workers.get(worker_id)
-        if w is None or w.status is _WStatus.STOPPED:
+        if w is None or w.status is ServerStatus.STOPPED:
             raise EngineDeadError(worker_id, "cannot load weights: worker is not running")
         self._abort_worker(w)
-        self._flush_cache(w)
+        self.iterations.flush_cache(w)
         w.paused += 1
         try:
             if w.fresh:
@@ -687,327 +542,32 @@ class EmulatedEngine:
     async def release_memory(self, worker_id: str) -> None:
         w = self._serving(worker_id)
         self._abort_worker(w)
-        self._flush_cache(w)
-        w.status = _WStatus.RELEASED
+        self.iterations.flush_cache(w)
+        w.status = ServerStatus.RELEASED
         await self._spend("deactivate", worker_id, self._sample("deactivate", worker_id, *self.emu.deactivation_s))
 
     async def resume_memory(self, worker_id: str) -> None:
         w = self._workers.get(worker_id)
-        if w is None or w.status is _WStatus.STOPPED:
+        if w is None or w.status is ServerStatus.STOPPED:
             raise EngineDeadError(worker_id, "cannot resume memory: worker is not running")
-        if w.status is _WStatus.READY:
+        if w.status is ServerStatus.READY:
             return
         await self._spend("activate", worker_id, self._sample("activate", worker_id, *self.emu.activation_s))
-        w.status = _WStatus.READY
+        w.status = ServerStatus.READY
         w.poke()
 
     async def set_role(self, worker_id: str, role: Role) -> None:
         w = self._workers.get(worker_id)
-        if w is None or w.status is _WStatus.STOPPED:
+        if w is None or w.status is ServerStatus.STOPPED:
             raise EngineDeadError(worker_id, "cannot change role: worker is not running")
         if w.role is role:
             return
         self._abort_worker(w)
-        self._flush_cache(w)
+        self.iterations.flush_cache(w)
         await self._spend("role_switch", worker_id, self.emu.role_switch_s)
         w.role = role
 
     # ------------------------------------------------------------------ KV bookkeeping
-    def _flush_cache(self, w: _Worker) -> None:
-        w.cache.clear()
-        w.cache_tokens = 0
-
-    def _free(self, w: _Worker, r: _Req, cache_len: int) -> None:
-        """Release ``r``'s reservation on ``w``; keep ``cache_len`` tokens of its context as the
-        conversation's prefix entry (not on decode workers)."""
-        w.kv_used -= r.reserved
-        r.reserved = 0
-        self._cache(w, r, cache_len)
-        w.poke()
-
-    def _cache(self, w: _Worker, r: _Req, cache_len: int) -> None:
-        if cache_len <= 0 or w.status is not _WStatus.READY or w.role is Role.DECODE:
-            return
-        old = w.cache.pop(r.conv, None)
-        if old is not None:
-            w.cache_tokens -= old[0]
-        ids = r.input_ids
-        cache_len = min(cache_len, w.capacity - w.kv_used - w.cache_tokens)
-        if cache_len <= 0 or not ids:
-            return
-        # the entry remembers the first token and the last cached prompt token (-1: beyond the prompt)
-        last = ids[cache_len - 1] if cache_len <= len(ids) else -1
-        w.cache[r.conv] = (cache_len, ids[0], last)
-        w.cache_tokens += cache_len
-
-    def _release_prefill_kv(self, r: _Req) -> None:
-        """PD: free the prompt's KV on the prefill worker (kept as the conversation's prefix)."""
-        if not r.p_reserved:
-            return
-        p = self._workers.get(r.p_worker)
-        if p is not None:
-            p.kv_used -= r.p_reserved
-            self._cache(p, r, r.input_len)
-            p.poke()
-        r.p_reserved = 0
-
-    def _make_room(self, w: _Worker, need: int, keep: str) -> bool:
-        free = w.capacity - w.kv_used - w.cache_tokens
-        if free >= need:
-            return True
-        for conv in list(w.cache):
-            if conv == keep:
-                continue
-            ln = w.cache.pop(conv)[0]
-            w.cache_tokens -= ln
-            free += ln
-            if free >= need:
-                return True
-        return free >= need
-
-    def _decode_need(self, r: _Req, capacity: int) -> int:
-        """KV tokens a decoding request reserves: ``p + r + floor(rho (K - p - r))`` for a prompt of p
-        tokens and r to generate, ``rho = EmulatorPhysics.decode_kv_reserve``, ``K`` the
-        trajectory limit; never above ``capacity`` unless ``p + r`` alone is."""
-        exact = r.input_len + r.max_new
-        if self._kv_reserve <= 0.0 or self._traj_tokens <= exact:
-            return exact
-        return max(exact, min(exact + int(self._kv_reserve * (self._traj_tokens - exact)), capacity))
-
-    def _admit(self, w: _Worker, now: float) -> None:
-        """Admit waiting requests FIFO while KV (and the running cap) allows."""
-        while w.waiting:
-            r = w.waiting[0]
-            if len(w.prefilling) + w.n_decoding + len(w.joining) >= self.emu.max_running:
-                break
-            hit = 0
-            entry = w.cache.get(r.conv)
-            if entry is not None:
-                ln, first, last = entry
-                ids = r.input_ids
-                if ids and ids[0] == first and (last == -1 or (ln <= len(ids) and ids[ln - 1] == last)):
-                    hit = int(min(ln, len(ids) - 1) * self._reuse.get(w.role, self.emu.prefix_reuse))  # >= 1 computed
-            need = r.input_len + (self._decode_need(r, w.capacity) - r.input_len if w.role is Role.COLOCATED else 0)
-            need_extra = need - (entry[0] if entry is not None else 0)  # the entry is consumed either way
-            if need > w.capacity:
-                w.waiting.popleft()
-                self._inflight.pop(r.rid, None)
-                r.stage = _Stage.DONE
-                r.fut.set_exception(EngineError(w.id, f"request {r.rid} needs {need} KV tokens, the worker "
-                                                      f"holds {w.capacity}; shorten the trajectory limit"))
-                continue
-            if not self._make_room(w, max(need_extra, 0), keep=r.conv if entry is not None else ""):
-                break
-            if entry is not None:
-                w.cache.pop(r.conv, None)
-                w.cache_tokens -= entry[0]
-            w.waiting.popleft()
-            w.kv_used += need
-            r.reserved = need
-            r.cached = hit
-            w.cached_tokens += hit
-            r.stage = _Stage.PREFILL
-            r.queue_s = now - r.submit_t
-            r.prefill_start = now
-            w.prefilling.append(r)
-        while w.kv_wait and w.role is Role.DECODE:
-            r = w.kv_wait[0]
-            need = self._decode_need(r, w.capacity)
-            if w.n_decoding + len(w.joining) >= self.emu.max_running or not self._make_room(w, need, ""):
-                break
-            w.kv_wait.popleft()
-            w.kv_used += need
-            r.reserved = need
-            r.kv_wait_s = now - r.prefill_end
-            r.queue_s += r.kv_wait_s
-            if not r.fut.done():
-                r.fut.set_result(None)
-
-    # ------------------------------------------------------------------ decode batch
-    def _join_decode(self, w: _Worker, r: _Req, now: float) -> None:
-        r.stage = _Stage.DECODE
-        r.decode_start = now
-        r.join_step = w.steps
-        r.gen0 = r.generated
-        r.finish_step = w.steps + (r.max_new - r.generated)
-        r.conc0 = w.conc_cum
-        r.dtime0 = w.dtime_cum
-        w.seq += 1
-        heapq.heappush(w.decoding, (r.finish_step, w.seq, r))
-        w.n_decoding += 1
-        w.ctx_sum += r.input_len + r.generated
-
-    def _leave_decode(self, w: _Worker, r: _Req, now: float) -> None:
-        """Remove ``r`` from the batch (lazy heap deletion) after bringing its count up to date."""
-        steps = w.steps
-        if w.span is not None:
-            t0, k_max, base_steps, span = w.span
-            steps = base_steps + span.within(now - t0, k_max)
-        r.generated = r.gen0 + (steps - r.join_step)
-        dtime = w.dtime_cum - r.dtime0
-        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
-        w.n_decoding -= 1
-        w.ctx_sum -= r.input_len + r.gen0 + (w.steps - r.join_step)
-        r.join_step = -1  # marks "left" for the lazy heap
-
-    def _finish(self, w: _Worker, r: _Req, now: float) -> None:
-        r.generated = r.max_new
-        dtime = w.dtime_cum - r.dtime0
-        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else 1.0
-        r.decode_s = now - r.decode_start
-        w.n_decoding -= 1
-        w.ctx_sum -= r.input_len + r.max_new
-        r.join_step = -1
-        self._free(w, r, cache_len=0 if r.pd else r.input_len + r.generated)
-        r.stage = _Stage.DONE
-        self._inflight.pop(r.rid, None)
-        if not r.fut.done():
-            r.fut.set_result(None)
-
-    # ------------------------------------------------------------------ the driver
-    async def _drive(self, w: _Worker) -> None:
-        """Runs ``_drive_loop``; a bug in it must not hang the requests: they end as aborted (with
-        their partial output), the worker is marked dead and the error is kept in ``crashes``."""
-        try:
-            await self._drive_loop(w)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self.crashes.append(f"worker {w.id}: {type(e).__name__}: {e}")
-            w.status = _WStatus.STOPPED
-            self._abort_worker(w)
-
-    async def _drive_loop(self, w: _Worker) -> None:
-        """Per-worker event loop: admit, then one prefill chunk or one decode span, and repeat."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if w.wake.done():
-                w.wake = loop.create_future()
-            now = self.clock.now()
-            if w.paused or w.status is not _WStatus.READY:
-                await w.wake
-                continue
-            self._admit(w, now)
-            if w.joining:
-                for r in w.joining:
-                    self._join_decode(w, r, now)
-                w.joining.clear()
-            if w.prefilling:
-                await self._prefill_chunk(w, now)
-                continue
-            if w.n_decoding:
-                await self._decode_span(w, now)
-                continue
-            await w.wake
-
-    async def _prefill_chunk(self, w: _Worker, now: float) -> None:
-        budget = self.emu.chunk_tokens
-        parts: list[tuple[_Req, int]] = []
-        for r in w.prefilling:
-            todo = r.input_len - r.cached - r.prefilled
-            take = min(todo, budget)
-            if take > 0:
-                parts.append((r, take))
-                budget -= take
-            if budget <= 0:
-                break
-        chunk = [(x, r.cached + r.prefilled) for r, x in parts]
-        dt = pre = self.costs.prefill_chunk_s(chunk)
-        mixed = self.emu.mixed_chunk and w.n_decoding > 0
-        if mixed:  # the running decodes ride along, one token each (module docstring)
-            dt = self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
-        w.events += 1
-        await self.clock.sleep(dt)
-        end = self.clock.now()
-        w.prefill_busy_s += pre
-        w.prefill_tokens += sum(x for _, x in parts)
-        # decode stalled for the chunk (or rode along): it counts as decode time with the current batch
-        if w.n_decoding:
-            w.dtime_cum += dt
-            w.conc_cum += dt * w.n_decoding
-        if mixed and w.n_decoding:
-            w.decode_busy_s += dt - pre
-            w.decode_tokens += w.n_decoding
-            w.steps += 1
-            w.ctx_sum += w.n_decoding
-            self._finish_due(w, end)
-        for r, x in parts:
-            if r.stage is not _Stage.PREFILL:
-                continue  # aborted meanwhile
-            r.prefilled += x
-            if r.cached + r.prefilled >= r.input_len:
-                w.prefilling.remove(r)
-                r.prefill_end = end
-                r.prefill_s = end - r.prefill_start
-                r.generated = 1  # the prefill pass emits the first token
-                if r.pd:
-                    r.p_reserved, r.reserved = r.reserved, 0
-                    r.stage = _Stage.KV_WAIT
-                    if r.max_new <= 1:
-                        self._release_prefill_kv(r)
-                        r.stage = _Stage.DONE
-                        self._inflight.pop(r.rid, None)
-                    r.fut.set_result(None)
-                elif r.max_new <= 1:
-                    self._free(w, r, cache_len=r.input_len + 1)
-                    r.stage = _Stage.DONE
-                    self._inflight.pop(r.rid, None)
-                    r.fut.set_result(None)
-                else:
-                    self._join_decode(w, r, end)
-
-    async def _decode_span(self, w: _Worker, now: float) -> None:
-        # drop lazily-deleted heap heads
-        while w.decoding and w.decoding[0][2].join_step < 0:
-            heapq.heappop(w.decoding)
-        if not w.decoding:
-            return
-        n = w.n_decoding
-        k_max = w.decoding[0][0] - w.steps
-        span = self.costs.span(n, w.ctx_sum, k_max)
-        w.span = (now, k_max, w.steps, span)
-        w.events += 1
-        full = span.total(k_max)
-        loop = asyncio.get_running_loop()
-        k = k_max
-        while await self.clock.wait(w.wake, now + full):
-            if w.waiting or w.joining or w.kv_wait or w.paused or w.status is not _WStatus.READY or (
-                    w.n_decoding != n):
-                # cut the span at the end of the iteration in progress (requests join at boundaries)
-                k = span.within(self.clock.now() - now, k_max)
-                if k < k_max:
-                    await self.clock.sleep_until(now + span.total(k + 1))
-                    k += 1
-                break
-            w.wake = loop.create_future()  # a wake that changes nothing for this span
-        end = self.clock.now()
-        w.span = None
-        dt = end - now
-        w.dtime_cum += dt
-        w.conc_cum += dt * w.n_decoding
-        w.decode_busy_s += dt
-        w.decode_tokens += w.n_decoding * k
-        w.steps += k
-        w.ctx_sum += w.n_decoding * k
-        self._log_span(w, k, now, end)
-        self._finish_due(w, end)
-
-    def _finish_due(self, w: _Worker, end: float) -> None:
-        """Finish the decoding requests whose last token is out by ``w.steps`` (and drop left ones)."""
-        while w.decoding and (w.decoding[0][2].join_step < 0 or w.decoding[0][0] <= w.steps):
-            _, _, r = heapq.heappop(w.decoding)
-            if r.join_step >= 0:
-                self._finish(w, r, end)
-
-    def _log_span(self, w: _Worker, k: int, start: float, end: float) -> None:
-        """Log ``k`` decode iterations of ``w`` at its batch, from the span's first context on."""
-        if self.iteration_log is not None and k > 0:
-            from pearl.core.telemetry import IterationRecord
-
-            self.iteration_log.append(IterationRecord(w.id, w.role.value, w.n_decoding,
-                                                      float(w.ctx_sum - w.n_decoding * k), 0, start, end, k))
-
-
 def emulator_summary(engine: EmulatedEngine) -> dict[str, Any]:
     """Counters for reports: simulated events and observed reconfiguration times by kind."""
     by_kind: dict[str, list[float]] = {}

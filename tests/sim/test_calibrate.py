@@ -121,9 +121,9 @@ def test_decode_need_formula() -> None:
     class R:
         input_len, max_new = 10000, 768
 
-    assert eng._decode_need(R(), 10**9) == 10768 + int(0.5 * (32768 - 10768))  # type: ignore[arg-type]
-    assert eng._decode_need(R(), 12000) == 12000  # capped by the pool  # type: ignore[arg-type]
-    assert eng._decode_need(R(), 5000) == 10768  # never below p + r  # type: ignore[arg-type]
+    assert eng.iterations.decode_need(R(), 10**9) == 10768 + int(0.5 * (32768 - 10768))  # type: ignore[arg-type]
+    assert eng.iterations.decode_need(R(), 12000) == 12000  # capped by the pool  # type: ignore[arg-type]
+    assert eng.iterations.decode_need(R(), 5000) == 10768  # never below p + r  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("model", sorted(cal.MODELS))
