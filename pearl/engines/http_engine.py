@@ -42,6 +42,12 @@ HEALTH_TIMEOUT_S = 5.0
 ABORT_TIMEOUT_S = 5.0  # the remote abort of a cancelled request
 
 
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    """Mark a detached remote call's outcome as read (its caller has moved on)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class EngineSettings(Protocol):
     """What the base reads of an adapter's settings."""
 
@@ -225,8 +231,13 @@ class HttpEngine(Generic[ServerT, SettingsT]):
             raise
         except asyncio.CancelledError:
             if srv.alive:
+                # the abort outlives a second cancellation of this task (shield); its outcome is
+                # then read by the callback, so a server that dies meanwhile is not reported as a
+                # "Task exception was never retrieved" traceback
+                remote = asyncio.ensure_future(asyncio.wait_for(abort(), ABORT_TIMEOUT_S))
+                remote.add_done_callback(_read_outcome)
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wait_for(abort(), ABORT_TIMEOUT_S))
+                    await asyncio.shield(remote)
             raise
         finally:
             srv.inflight -= 1
