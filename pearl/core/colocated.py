@@ -34,8 +34,10 @@ tau(m, L) + e``, giving ``g = clip(m D / C', 1, m)`` and ``C' = max(C_lat, C_cap
                                              + D ((m - 1) / m) / (1 - u (m - 1) / m)) where u is below
                                              its cap and C_lat binds, else 0
 
-until every step is within ``stages.TOLERANCE`` of its unknown (``stages.ROUNDS`` rounds at most;
-``ColocResult.converged`` says which pools got there; ``tests/core/test_fixed_point.py``).
+until every step is within ``stages.TOLERANCE`` of its unknown, a group that is there held from
+then on (``stages.ROUNDS`` rounds at most; ``ColocResult.converged`` says which pools got there;
+checked against a bisection in ``tests/core/test_fixed_point.py``). The plain map (``n`` halfway
+to ``g``, ``C <- C'``) can circle at the kink of ``max(C_lat, C_cap)`` on a few workers.
 
 Batch start: the first turn waits for the prefills queued ahead of it on its worker::
 

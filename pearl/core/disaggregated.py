@@ -218,7 +218,7 @@ def _memory_bound(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> bool:
 
 
 def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int = ROUNDS
-                 ) -> tuple[F64, F64, F64, F64, F64, F64]:
+                 ) -> tuple[F64, F64, F64, F64, F64, npt.NDArray[np.bool_]]:
     """The fixed point of the module docstring per candidate and stage: ``(W, n_s, C_lat, C, C_D)``,
     shape (M, S) each (``n_s``: the decode batch a decoding trajectory sees), and whether each came
     within ``stages.TOLERANCE`` (module docstring, "The iteration"). A (candidate, stage) that has
@@ -233,7 +233,7 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
     def full(a: F64) -> F64:  # the loop's operands at one shape: a broadcast costs more than the arithmetic
         return np.broadcast_to(a, shape).copy()
 
-    # a turn's time away from the prefill worker besides decode (X + e), and with the prefill
+    # rest = X + e, a turn's time away from the prefill worker besides decode; fixed = P + X + e
     p, o, rest, fixed, m = full(terms.p), full(st.o), full(terms.rest), full(terms.fixed), full(m)
     m_o = m * o
     others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
