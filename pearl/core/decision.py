@@ -62,6 +62,12 @@
    ``makespan_correction``), fed by the runtime after each batch that ran one configuration
    throughout (``RuntimeTracker.observe_makespan``). ``colocated_curve`` is the model's, uncorrected.
 
+10. Convergence: each model's fixed point is solved until every unknown is within
+   ``stages.TOLERANCE`` (relative) of it, in ``stages.ROUNDS`` rounds at most (``stages`` module
+   docstring). A candidate whose fixed point is not that close by then keeps its last iterate as
+   its prediction and says so (``converged: false`` in its record); ``make bench`` and
+   ``tests/core/test_fixed_point.py`` measure the rounds and the distance.
+
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
 smaller pool: an in-flight batch that a mid-batch growth left on fewer workers than the pool runs
@@ -80,7 +86,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from pearl.core.colocated import colocated_makespan, colocated_makespan_idle_bound
+from pearl.core.colocated import (
+    colocated_evaluation,
+    colocated_idle_bound_evaluation,
+    colocated_makespan,
+    colocated_makespan_idle_bound,
+)
 from pearl.core.disaggregated import DisaggResult, disaggregated_makespan
 from pearl.core.hardware import HardwareProfile
 from pearl.core.stages import stages
@@ -202,6 +213,8 @@ class Candidate:
     reason: str = ""
     #: its decode batch or context lies outside the range the decode step was fitted on (8.)
     extrapolated: bool = False
+    #: its fixed point came within ``stages.TOLERANCE`` in ``stages.ROUNDS`` rounds (10.)
+    converged: bool = True
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -213,6 +226,7 @@ class Candidate:
             "feasible": self.feasible,
             "reason": self.reason,
             "extrapolated": self.extrapolated,
+            "converged": self.converged,
         }
 
 
@@ -236,6 +250,9 @@ class CandidateTable:
     #: per split, and colocation: predicted outside the decode step's fitted range (8.; None: none)
     extrapolated: npt.NDArray[np.bool_] | None = None
     coloc_extrapolated: bool = False
+    #: per split, and colocation: the fixed point came within ``stages.TOLERANCE`` (10.; None: all)
+    converged: npt.NDArray[np.bool_] | None = None
+    coloc_converged: bool = True
     #: per split: its prediction is a positive finite number (module docstring, 7.)
     valid: npt.NDArray[np.bool_] = field(init=False)
     #: per split: every feasibility bound holds (``makespan`` module docstring, "Feasibility") and
@@ -273,13 +290,14 @@ class CandidateTable:
             ok = self.coloc_valid
             return Candidate(Allocation.colocated(self.n_workers), self.coloc_s, ok,
                              "" if ok else f"prediction {self.coloc_s} s is not a positive number",
-                             self.coloc_extrapolated)
+                             self.coloc_extrapolated, self.coloc_converged)
         j = i - 1
         p = int(self.n_prefill[j])
         ok = bool(self.feasible[j])
         return Candidate(Allocation.disaggregated(p, self.n_workers - p), float(self.makespan_s[j]), ok,
                          "" if ok else self._reason(j),
-                         bool(self.extrapolated[j]) if self.extrapolated is not None else False)
+                         bool(self.extrapolated[j]) if self.extrapolated is not None else False,
+                         bool(self.converged[j]) if self.converged is not None else True)
 
     def all(self) -> tuple[Candidate, ...]:
         return tuple(self.candidate(i) for i in range(len(self)))
@@ -391,24 +409,27 @@ def evaluate_table(
     if not _physical(hw, wl):  # NaN or negative coefficients: no prediction (module docstring, 7.)
         return _unpredicted_table(n_workers, batch, hw, wl, policy)
     n_co = n_workers if coloc_workers is None else min(max(coloc_workers, 1.0), float(n_workers))
-    coloc_fn = colocated_makespan_idle_bound if wl.tail_varies_with_load else colocated_makespan
-    coloc = float(coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))[0])
+    coloc_fn = colocated_idle_bound_evaluation if wl.tail_varies_with_load else colocated_evaluation
+    co = coloc_fn(hw, wl, batch, np.array([n_co], dtype=np.float64))
+    coloc, coloc_conv = float(co.makespan_s[0]), bool(co.converged[0])
     lo, hi = policy.min_prefill_workers, n_workers - policy.min_decode_workers
     if policy.allow_disaggregation and hi >= lo:
         n_p = np.arange(lo, hi + 1, dtype=np.int64)
         res = splits(hw, wl, batch, n_p.astype(np.float64), (n_workers - n_p).astype(np.float64),
                                      policy.max_prefill_utilization)
         ms, pok, kok, cok, held = res.makespan_s, res.prefill_ok, res.kv_ok, res.cache_ok, res.cache_demand
+        conv = res.converged
     else:
         n_p = np.zeros(0, dtype=np.int64)
         ms, pok, kok, cok, held = np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), 0.0
+        conv = np.zeros(0, dtype=bool)
     if wl.correction.batches:  # the closed loop on measured makespans (module docstring, 9.)
         coloc *= float(np.exp(wl.correction.log_factors(float(n_workers), None)[0]))
         if n_p.size:
             ms = ms * np.exp(wl.correction.log_factors(float(n_workers), n_p.astype(np.float64)))
     ext, coloc_ext = _extrapolated(hw, wl, batch, n_co, (n_workers - n_p).astype(np.float64))
     return CandidateTable(n_workers, batch, coloc, n_p, ms, pok, kok, batch * wl.k_seq, hw.kv_capacity_tokens, cok, held,
-                          ext, coloc_ext)
+                          ext, coloc_ext, conv, coloc_conv)
 
 
 def _extrapolated(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n_coloc: float, n_decode: npt.NDArray[np.float64]

@@ -4,7 +4,9 @@
 docstring over every candidate at once, with two exact reductions (a decode step on the
 roofline's memory branch wherever the whole batch range is memory-bound; candidates whose pools
 are at least the batch evaluated once). This module evaluates the same equations without either:
-every candidate, the decode step as the roofline's ``max`` of both branches at every use. It is
+every candidate, the decode step as the roofline's ``max`` of both branches at every use, solved
+by the same iteration (``disaggregated`` module docstring, "The iteration": each candidate and
+group is held once within ``stages.TOLERANCE``, so its rounds do not depend on the others). It is
 the yardstick of the fast evaluation: ``tests/core/test_fast_evaluation.py`` asserts that both
 give the same predictions (relative 1e-9) and the same feasibility over many budgets and fitted
 profiles, and ``benchmarks/bench_decision.py`` (``make bench``) times ``decide`` + ``plan`` on both
@@ -21,7 +23,7 @@ from pearl.core.decision import CandidateTable, DecisionPolicy, evaluate_table
 from pearl.core.disaggregated import DisaggResult
 from pearl.core.hardware import HardwareProfile
 from pearl.core.queueing import ClosedWait, prefill_service_scv
-from pearl.core.stages import F64, ITERATIONS, Stages, converged, pool_tail, stages
+from pearl.core.stages import F64, ROUNDS, SLOPE_MAX, TOLERANCE, Stages, distance, pool_tail, secant_step, stages
 from pearl.core.telemetry import Mode
 from pearl.core.workload import TailArrays, WorkloadProfile
 
@@ -49,27 +51,35 @@ def reference_disaggregated_makespan(
     xfer = hw.transfer_s(st.x + st.c)
     ctx = st.x + st.c + st.o / 2.0
     slopes = hw.decode_slopes(ctx)
-    n = m.copy()
-    c_cyc = p + xfer + st.o * hw.decode_step_s(n, ctx, slopes) + st.e
     prefill_wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
     c_p = bk * p / npf  # B_s P / N_P: the pool at full capacity
     fixed = p + xfer + st.e
     rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode
-    m_o = m * st.o
-    c_lat = c_cyc
-    c_d = c_cyc
-    w = np.zeros_like(c_cyc)
-    for rnd in range(ITERATIONS):
-        tau = hw.decode_step_s(n, ctx, slopes)
-        d = st.o * hw.decode_step_s(1.0 + (m - 1.0) * n / m, ctx, slopes)  # the batch a decoding trajectory sees
-        z = np.maximum(c_cyc - w - p, rest + d)  # the rest of a trajectory's cycle (> 0)
-        w = prefill_wait(z)
-        c_lat = w + fixed + d
-        c_d = m_o * tau / n
-        prev, c_cyc = c_cyc, np.maximum(np.maximum(c_lat, c_d), c_p)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
-        if rnd > 0 and converged(prev, c_cyc):
+    n = np.maximum(bk / nd, 1.0) + 0.0 * npf
+    w = np.zeros_like(n)
+    active = np.ones(n.shape, dtype=bool)
+    n_prev: F64 | None = None
+    g_prev: F64 | None = None
+    for _ in range(ROUNDS):
+        n_s = 1.0 + (m - 1.0) * n / m  # the batch a decoding trajectory sees
+        d = st.o * hw.decode_step_s(n_s, ctx, slopes)
+        c_d = m * st.o * hw.decode_step_s(n, ctx, slopes) / n
+        z_bound = np.maximum(c_d, c_p) - p - w  # the rest of the cycle where a bound sets it: C - W - P
+        z_min = rest + d
+        w_new, dw_dz = prefill_wait.with_slope(np.maximum(z_bound, z_min))
+        c_lat = w_new + fixed + d
+        c_cyc = np.maximum(np.maximum(c_lat, c_d), c_p)
+        g = np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        slope = np.where(z_bound > z_min, -dw_dz, 0.0)  # dW_closed(Z(W)) / dW
+        step_w = (w_new - w) / (1.0 - np.minimum(slope, SLOPE_MAX))
+        step_n = secant_step(n, g, n_prev, g_prev)
+        active = active & ~(distance(step_n, n, step_w, c_cyc) <= TOLERANCE)  # once within, held there
+        if not active.any():
             break
+        w = np.maximum(w + np.where(active, step_w, 0.0), 0.0)
+        n_prev, g_prev = n, g
+        n = np.minimum(np.maximum(n + np.where(active, step_n, 0.0), 1.0), m)
+    w = w_new
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
     held = float((bk * (st.x + st.c)).max())  # max_s B_s (x_s + c_s): the prefixes the prefill pool holds
     cache_ok = held <= npf[:, 0] * hw.kv_capacity_tokens
@@ -77,13 +87,14 @@ def reference_disaggregated_makespan(
     total: F64
     tail = pool_tail(wl)
     if tail is not None and st.turns.size:
-        total = _slowest_path(hw, wl, st, tail, w, 1.0 + (m - 1.0) * n / m, c_lat, c_cyc) + start
+        total = _slowest_path(hw, wl, st, tail, w, n_s, c_lat, c_cyc) + start
     else:
         weights, factor = st.path(wl, batch)
         total = factor * ((weights * c_cyc).sum(axis=1) + start)
     u_batch = (st.turns * bk * p).sum(axis=1) / (npf[:, 0] * (st.turns * np.maximum(c_lat, c_d)).sum(axis=1))
     prefill_ok = u_batch <= u_max
-    return DisaggResult(total, prefill_ok, kv_ok, u_batch, cache_ok, held)
+    converged = np.asarray(~active.any(axis=1), dtype=np.bool_)
+    return DisaggResult(total, prefill_ok, kv_ok, u_batch, cache_ok, held, converged)
 
 
 @functools.lru_cache(maxsize=64)

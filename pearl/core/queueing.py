@@ -99,6 +99,16 @@ def _closed_wait_corners(k_max: int, cs2: float) -> tuple[F64, F64, F64, F64]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _closed_wait_cells(k_max: int, cs2: float) -> F64:
+    """``_closed_wait_corners`` stacked as ``[[T[k, j], slope], [T[k + 1, j], slope]]``, shape (2, 2,
+    k_max G): a cell's four numbers in one gather."""
+    t0, s0, t1, s1 = _closed_wait_corners(k_max, cs2)
+    out = np.stack([np.stack([t0, s0]), np.stack([t1, s1])])
+    out.setflags(write=False)
+    return out
+
+
 def closed_queue_wait(m: F64, p: F64, z: F64, cs2: float) -> F64:
     """Mean wait W (s) in one FCFS queue with ``m`` customers, service ``p`` and think time ``z``
     (module docstring); the arrays broadcast together."""
@@ -110,7 +120,7 @@ class ClosedWait:
     fixed point calls it with a new ``z`` every round, so the table lookup in ``m`` is done once
     (flat indices into the table)."""
 
-    __slots__ = ("base", "corners", "logp", "w_hi", "w_lo", "width")
+    __slots__ = ("base", "cells", "corners", "logp", "w_hi", "w_lo", "w_pair", "width")
 
     def __init__(self, m: F64, p: F64, cs2: float) -> None:
         # m and p broadcast through the arithmetic below (the weights take their common shape)
@@ -118,13 +128,17 @@ class ClosedWait:
         need = math.ceil(float(np.max(m))) + 1 if m.size else 2
         k_max = max(16, 1 << (need - 1).bit_length())  # a power of two: few distinct tables
         self.corners = _closed_wait_corners(k_max, round(float(cs2), 3))
+        self.cells = _closed_wait_cells(k_max, round(float(cs2), 3))
         lo = np.minimum(np.maximum(np.floor(m), 1.0), k_max - 1.0).astype(np.intp)
         self.width = _RATIO_GRID.size - 1
         self.base = lo * _RATIO_GRID.size  # T[floor(m), 0] in the flat table
         fm = np.minimum(np.maximum(m - lo, 0.0), 1.0)
         scale = np.where(m < 1.0, 0.0, p)  # W = p x (W / p); m < 1 waits 0
         self.w_lo, self.w_hi = (1.0 - fm) * scale, fm * scale  # the weights of rows floor(m), floor(m) + 1
-        self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0]
+        # at the weights' shape: the fixed point's lookups then broadcast nothing
+        self.logp = np.log(np.maximum(p, 1e-300)) + _LOG_RATIO[0] + np.zeros_like(self.w_lo)
+        self.base = self.base + np.zeros_like(self.base, shape=self.w_lo.shape)
+        self.w_pair: tuple[F64, F64] | None = None  # (w_lo, w_hi) at the (T, slope) pair's shape, made at the first lookup
 
     def __call__(self, z: F64) -> F64:
         """W for think times ``z`` (a zero think time reads as the grid's smallest ratio)."""
@@ -136,3 +150,26 @@ class ClosedWait:
         t0, s0, t1, s1 = self.corners
         w: F64 = (t0[at] + fj * s0[at]) * self.w_lo + (t1[at] + fj * s1[at]) * self.w_hi
         return w  # >= 0: the table is, and the weights are
+
+    def with_slope(self, z: F64) -> tuple[F64, F64]:
+        """``(W, dW/dz)`` for think times ``z > 0``, the same ``W`` as a call: the lookup is linear in
+        ``log z`` within a cell, so ``dW/dz`` is the cell's slope over ``z`` (0 outside the grid,
+        where ``z`` is clipped; ``<= 0``: more think time, less queue). The disaggregated fixed
+        point's Newton step reads it."""
+        pos = np.log(z)
+        pos -= self.logp
+        pos *= _INV_LOG_STEP
+        inside = np.minimum(np.maximum(pos, 0.0), self.width - 1e-6)
+        j = inside.astype(np.intp)  # floor: inside >= 0
+        clipped = pos != inside
+        cell = self.cells.take(self.base + j, axis=2)  # (rows floor(m), floor(m) + 1) x (T, slope)
+        if self.w_pair is None or self.w_pair[0].shape != cell.shape[1:]:
+            self.w_pair = (np.broadcast_to(self.w_lo, cell.shape[1:]).copy(), np.broadcast_to(self.w_hi, cell.shape[1:]).copy())
+        mixed = cell[0] * self.w_pair[0]
+        mixed += cell[1] * self.w_pair[1]  # (T, dT / d(grid position)) at m
+        slope = mixed[1]
+        inside -= j
+        w: F64 = mixed[0] + inside * slope
+        dw: F64 = slope * _INV_LOG_STEP / z
+        np.putmask(dw, clipped, 0.0)
+        return w, dw
