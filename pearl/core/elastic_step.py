@@ -31,7 +31,10 @@ REMOVE / DEACTIVATE / CHANGE_ROLE steps on serving workers are the stall the gat
 (``k / n_now``). Borrow: the window is the trainer's ``expected_idle_s`` when given, else the
 running batch's remaining time ``R`` (``outlook.remaining_s``).
 
-Public names: ``rollout_budget``, ``slots``, ``ReplanStep``, ``replan_step``, ``gate_makespans``,
+What a re-plan changed is counted by ``switch_kind``: a mode switch, or a ratio switch (a split whose
+prefill fraction is not the one in force; a budget change alone keeps it, ``decision.project``).
+
+Public names: ``rollout_budget``, ``slots``, ``ReplanStep``, ``replan_step``, ``switch_kind``, ``gate_makespans``,
 ``ExpansionStep``, ``expansion_step``, ``BorrowStep``, ``borrow_step``, ``costs_from_policy``.
 """
 
@@ -42,11 +45,12 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
-from pearl.core.decision import Decision
+from pearl.core.decision import Allocation, Decision, DecisionPolicy, project
 from pearl.core.gate import CostModel, GateDecision, borrow_gate, expansion_gate
 from pearl.core.outlook import PoolOutlook, SwitchHold, hold_switch, remaining_s
 from pearl.core.planner import Plan, PlanError, StepKind, free_groups, plan
 from pearl.core.state import ClusterState, Role, WorkerStatus, Zone
+from pearl.core.telemetry import Mode
 
 #: EMA weight of an observed preemptible GPU lifetime (grant to reclaim notice) in ``T_life``
 LIFETIME_EMA_ALPHA = 0.3
@@ -128,6 +132,19 @@ def replan_step(o: PoolOutlook, state: ClusterState, budget: frozenset[str], tp_
     if held.decision is not wish:
         p = plan(state, held.decision.target, budget, tp_size)
     return ReplanStep(held.decision, p, held, wish)
+
+
+def switch_kind(current: Allocation | None, target: Allocation, policy: DecisionPolicy) -> str | None:
+    """``"mode_switch"`` when ``target``'s mode is not ``current``'s; ``"ratio_switch"`` when both are
+    splits and ``target`` is not ``current`` projected onto ``target``'s budget (a grant or a borrow
+    that also changes the P:D is a ratio switch; the projection alone is not); else None."""
+    if current is None or target == current:
+        return None
+    if target.mode is not current.mode:
+        return "mode_switch"
+    if target.mode is Mode.DISAGGREGATED and target != project(current, target.n_workers, policy):
+        return "ratio_switch"
+    return None
 
 
 def gate_makespans(o: PoolOutlook, n_now: int, n_with: int) -> tuple[float, float]:

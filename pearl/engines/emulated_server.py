@@ -341,6 +341,7 @@ class IterationLoop:
             t0, k_max, base_steps, span = w.span
             steps = base_steps + span.within(now - t0, k_max)
         r.generated = r.gen0 + (steps - r.join_step)
+        w.decode_tokens += steps - w.steps  # its tokens of the span in progress (the span counts the others')
         dtime = w.dtime_cum - r.dtime0
         r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
         w.n_decoding -= 1
@@ -459,9 +460,9 @@ class IterationLoop:
             heapq.heappop(w.decoding)
         if not w.decoding:
             return
-        n = w.n_decoding
+        n, ctx0 = w.n_decoding, w.ctx_sum
         k_max = w.decoding[0][0] - w.steps
-        span = self.costs.span(n, w.ctx_sum, k_max)
+        span = self.costs.span(n, ctx0, k_max)
         w.span = (now, k_max, w.steps, span)
         w.events += 1
         full = span.total(k_max)
@@ -481,12 +482,12 @@ class IterationLoop:
         w.span = None
         dt = end - now
         w.dtime_cum += dt
-        w.conc_cum += dt * w.n_decoding
+        w.conc_cum += dt * n  # the batch the span ran at (a request aborted in it left at its cut)
         w.decode_busy_s += dt
         w.decode_tokens += w.n_decoding * k
         w.steps += k
         w.ctx_sum += w.n_decoding * k
-        self._log_span(w, k, now, end)
+        self._log_span(w, n, ctx0, k, now, end)
         self._finish_due(w, end)
 
     def _finish_due(self, w: EmulatedServer, end: float) -> None:
@@ -496,10 +497,11 @@ class IterationLoop:
             if r.join_step >= 0:
                 self._finish(w, r, end)
 
-    def _log_span(self, w: EmulatedServer, k: int, start: float, end: float) -> None:
-        """Log ``k`` decode iterations of ``w`` at its batch, from the span's first context on."""
+    def _log_span(self, w: EmulatedServer, n: int, context: int, k: int, start: float, end: float) -> None:
+        """Log ``k`` decode iterations of ``w`` at the batch ``n`` and total context ``context`` the
+        span started with: its cost. A request that leaves in the span (an abort) leaves at its
+        cut, so every iteration of it ran at that batch, whatever the batch is after it."""
         if self.iteration_log is not None and k > 0:
             from pearl.core.telemetry import IterationRecord
 
-            self.iteration_log.append(IterationRecord(w.id, w.role.value, w.n_decoding,
-                                                      float(w.ctx_sum - w.n_decoding * k), 0, start, end, k))
+            self.iteration_log.append(IterationRecord(w.id, w.role.value, n, float(context), 0, start, end, k))

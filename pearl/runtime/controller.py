@@ -176,6 +176,9 @@ class Controller:
         self.ready_at: float | None = None
         self.train_steps = train_steps
         self.batch_predictions: list[tuple[float, float]] = []  # (predicted at batch start, observed) s
+        #: per ``batch_predictions`` entry, the allocation in force at the batch's start and end
+        #: (``"coloc/16"``, ``"5P11D/16"``; None before the first decision)
+        self.batch_allocations: list[tuple[str | None, str | None]] = []
         # batch index -> the predicted makespan in force when that batch started (keyed, so the
         # pairing stays right even if a pipeline ever overlaps consecutive batches)
         self._predicted_at_start: dict[int, float] = {}
@@ -340,11 +343,12 @@ class Controller:
         # ``run_batch(r)`` appended its makespan just before this call (no await in between)
         observed = self.pipeline.stats.batch_makespans[-1]
         predicted = self._predicted_at_start.pop(r, math.nan)
+        ran = self._allocation_at_start.pop(r, None)
         if math.isfinite(predicted):
             self.batch_predictions.append((predicted, observed))
+            self.batch_allocations.append((_pool_label(ran), _pool_label(self.elastic.allocation)))
         window, self._iterations[:] = list(self._iterations), []
         self.tracker.refit(window, serving=self._serving_throughout(r))
-        ran = self._allocation_at_start.pop(r, None)
         if ran is not None and ran == self.elastic.allocation:
             # one configuration ran the whole batch: close the loop on its makespan
             self.tracker.observe_makespan(ran, self.cfg.workload.batch_size, observed)
@@ -419,10 +423,17 @@ class Controller:
             "reconfigurations": dict(self.elastic.reconfigurations),
             "makespan_prediction_error": median(errs) if errs else None,
             "makespan_prediction_bias": median(signed) if signed else None,
-            "batch_predictions": [{"predicted_s": p, "observed_s": o} for p, o in self.batch_predictions],
+            "batch_predictions": [{"predicted_s": p, "observed_s": o, "allocation_at_start": a0, "allocation_at_end": a1}
+                                  for (p, o), (a0, a1) in zip(self.batch_predictions, self.batch_allocations,
+                                                              strict=True)],
             "shrinks": list(self.elastic.shrinks),
             "returns": [r.to_dict() for r in self.toggle.returns],
             "costs": self.elastic.costs.to_dict(),
             "gates": list(self.elastic.gate_log),
             "expansions": [g.to_dict() for g in self.rebuilder.groups.values()],
         }
+
+
+def _pool_label(a: Allocation | None) -> str | None:
+    """``"<label>/<workers>"`` of an allocation (``"coloc/16"``, ``"5P11D/16"``), None for none."""
+    return None if a is None else f"{a.label}/{a.n_workers}"

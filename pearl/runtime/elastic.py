@@ -72,6 +72,7 @@ from pearl.core.elastic_step import (
     replan_step,
     rollout_budget,
     slots,
+    switch_kind,
 )
 from pearl.core.events import (
     ElasticEvent,
@@ -380,11 +381,8 @@ class ElasticScheduler:
             return ReplanOutcome(reason, error=str(e))
         d, p, held = step.decision, step.plan, step.switch
         self._log_switch(step)
-        if self.allocation is not None and d.target != self.allocation:
-            if d.target.mode is not self.allocation.mode:
-                self.reconfigurations["mode_switch"] += 1
-            elif d.target.n_workers == self.allocation.n_workers:
-                self.reconfigurations["ratio_switch"] += 1
+        if (kind := switch_kind(self.allocation, d.target, self.policy)) is not None:
+            self.reconfigurations[kind] += 1
         self.decision = d
         self.allocation = d.target
         self._speeds.append((self.clock.now(), d.predicted_makespan_s))

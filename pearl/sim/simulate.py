@@ -354,6 +354,7 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "makespan_prediction_error_placed": _piecewise_error(raw, placed=True)[0],
         "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
+        "batch_allocations": [[b["allocation_at_start"], b["allocation_at_end"]] for b in summ["batch_predictions"]],
         "interruptions": summ["interruptions"],
         "router_moves": raw["router_moves"],
         "placement_slack": raw["placement_slack"],

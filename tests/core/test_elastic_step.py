@@ -15,6 +15,7 @@ from pearl.core.elastic_step import (
     replan_step,
     rollout_budget,
     slots,
+    switch_kind,
 )
 from pearl.core.gate import CostModel
 from pearl.core.outlook import PoolOutlook, TrainerView, remaining_s
@@ -76,3 +77,17 @@ def test_the_cost_emas_start_from_the_policys_priors(cfg8b: RunConfig) -> None:
     c = costs_from_policy(p)
     assert (c.activation_s, c.deactivation_s, c.expansion_prep_s, c.expansion_final_s, c.weight_sync_s, c.alpha) == (
         7.0, p.initial_deactivation_s, 50.0, p.initial_expansion_final_s, p.initial_weight_sync_s, 0.4)
+
+
+def test_a_budget_change_that_also_changes_the_ratio_is_counted_as_a_ratio_switch(cfg8b: RunConfig) -> None:
+    """A borrow takes 4P12D on 16 workers to 32: its projection 8P24D is no switch, 7P25D is a ratio
+    switch (the decision chose another P:D); a return that projects 7P25D back is none."""
+    pol, a = cfg8b.policy, Allocation.disaggregated
+    assert switch_kind(a(4, 12), a(8, 24), pol) is None
+    assert switch_kind(a(4, 12), a(7, 25), pol) == "ratio_switch"
+    assert switch_kind(a(7, 25), a(4, 12), pol) is None  # round(7 / 32 * 16) = 4
+    assert switch_kind(a(8, 24), a(7, 25), pol) == "ratio_switch"
+    assert switch_kind(Allocation.colocated(16), a(4, 12), pol) == "mode_switch"
+    assert switch_kind(a(4, 12), Allocation.colocated(32), pol) == "mode_switch"
+    assert switch_kind(Allocation.colocated(16), Allocation.colocated(32), pol) is None
+    assert switch_kind(None, a(4, 12), pol) is None

@@ -8,6 +8,7 @@ import pytest
 
 from pearl.config import EmulatorSpec, HardwareSpec
 from pearl.core.state import Role
+from pearl.core.telemetry import screen_iterations
 from pearl.engines.base import EngineStartError, FinishReason, GenerateRequest, SamplingParams, ServerSpec
 from pearl.engines.emulated import EmulatedEngine
 from pearl.engines.emulated_costs import WorkerCosts, span_sum, steps_within
@@ -106,6 +107,47 @@ def test_abort_returns_exactly_the_tokens_generated_so_far() -> None:
         done += 1
     assert res.finish_reason is FinishReason.ABORT
     assert len(res.output_ids) == len(res.logprobs) == done
+
+
+def _abort_in_a_span(everything: bool):
+    """a (2000-token prompt) and b (3000) decode side by side; 2 s in, a is aborted (or the whole
+    worker is), cutting their decode span; b then decodes alone to its end."""
+    async def main():
+        clock = LoopClock()
+        eng = EmulatedEngine.from_config(config(), clock, iteration_log=[])
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        a_req, b_req = _req("a", 1, 2000, 2000), _req("b", 1, 3000, 2000, start=50_000)
+        a = asyncio.create_task(eng.generate("w", a_req))
+        b = asyncio.create_task(eng.generate("w", b_req))
+        await clock.sleep(2.0)
+        t_abort = clock.now()
+        await eng.abort("w", None if everything else a_req.rid)
+        res = await asyncio.gather(a, b)
+        await clock.sleep(1.0)  # the cut span ends its iteration in progress
+        await eng.close()
+        return eng, res, t_abort
+
+    return run_virtual(main())
+
+
+@pytest.mark.parametrize("everything", [False, True])
+def test_a_span_cut_by_an_abort_is_logged_at_the_batch_that_ran_it(everything: bool) -> None:
+    """Every iteration record states the batch and context its iterations ran at: its wall time is
+    the emulator's span of that batch (a span cut by an abort ran with the leaving requests in it),
+    and none is screened out as bad input (a record of the batch left after the abort would be
+    batch 0 when the whole worker is aborted)."""
+    eng, (a, b), t_abort = _abort_in_a_span(everything)
+    assert a.finish_reason is FinishReason.ABORT
+    assert (b.finish_reason is FinishReason.ABORT) == everything
+    log = eng.iteration_log
+    cut = [r for r in log if r.start_s < t_abort <= r.end_s]
+    assert len(cut) == 1 and cut[0].batch == 2
+    for r in log:
+        assert r.wall_s == pytest.approx(eng.costs.span(r.batch, r.context_tokens, r.steps).total(r.steps))
+    kept, why = screen_iterations(log)
+    assert kept == log and not why
+    # every token is counted once: the aborted request's tokens of the cut span too
+    assert eng.phase_split()["decode_tokens"] == len(a.output_ids) + len(b.output_ids) - 2
 
 
 def test_prefill_interrupts_decode_on_a_colocated_worker() -> None:

@@ -74,6 +74,15 @@ def test_rlboost_uses_everything_colocated(result: dict[str, Any]) -> None:
     assert "mode_switch" not in r["reconfigurations"]
 
 
+def test_each_batch_names_the_allocations_it_ran_under(result: dict[str, Any]) -> None:
+    """``batch_allocations``: per predicted batch, the allocation in force at its start and end."""
+    roll = result["systems"]["roll"]
+    assert roll["batch_allocations"] == [["coloc/4", "coloc/4"]] * len(roll["batch_makespans_s"])
+    r = result["systems"]["rlboost+"]
+    assert len(r["batch_allocations"]) == len(r["batch_makespans_s"]) >= 2
+    assert {a for pair in r["batch_allocations"] for a in pair} > {"coloc/4"}  # it grew on the grants
+
+
 def test_pearl_uses_preemptible(result: dict[str, Any]) -> None:
     p = result["systems"]["pearl"]
     assert p["gpu_hours"]["preemptible"] > 0
