@@ -3,7 +3,7 @@ to 12 preemptible, batch 64, 32K limit) through the real runtime on the emulated
 and per ``emulator.costs``, side by side in one run.
 
     .venv/bin/python benchmarks/bench_replay.py [--systems pearl,roll] [--costs datasheet,database]
-        [--segment volatile] [--minutes 120] [--trace FILE] [--set KEY=VALUE ...]
+        [--segment volatile] [--minutes 120] [--repeat 1] [--trace FILE] [--set KEY=VALUE ...]
 
     # the 768-GPU cluster: 256 reserved + 256 training + up to 256 preemptible (16-GPU instances on
     # the shipped trace), batch 1024, 15 virtual minutes
@@ -11,8 +11,9 @@ and per ``emulator.costs``, side by side in one run.
         --set cluster.reserved_gpus=256 --set cluster.training_gpus=256 \\
         --set cluster.max_preemptible_gpus=256 --set cluster.gpus_per_instance=16 --set workload.batch_size=1024
 
-Each replay runs in a fresh child process (so its peak RSS is its own), one after the other. Per
-replay: CPU seconds of the replay (the child's single-threaded process time: the one-core figure
+Each replay runs in a fresh child process (so its peak RSS is its own), one after the other, the
+cost models interleaved ``--repeat`` times (the replay with the least CPU of each is printed: the
+figure least disturbed by other load on a shared machine). Per replay: CPU seconds of the replay (the child's single-threaded process time: the one-core figure
 even on a shared machine), simulated engine events, events per CPU second, trajectories completed,
 CPU milliseconds per trajectory and the child's peak RSS; then each cost model's ratio to the first
 (``cpu``: CPU s per segment; ``ev/cpu``: events per CPU s; ``cpu/traj``: CPU per completed
@@ -70,6 +71,8 @@ def main() -> None:
     ap.add_argument("--systems", default="roll,rlboost+,pearl")
     ap.add_argument("--trace", default=str(SHIPPED_TRACE), help="availability trace (pearl/sim/traces.py formats)")
     ap.add_argument("--costs", default="datasheet,database", help="emulator.costs values to run side by side")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="replays per system and cost model, interleaved; the least CPU of each is printed")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     a = ap.parse_args()
     overrides: dict[str, Any] = {}
@@ -81,9 +84,13 @@ def main() -> None:
     modes = [m.strip() for m in a.costs.split(",") if m.strip()]
     print(f"{a.config} workload=paper segment={a.segment} ({a.minutes:g} virtual min) {overrides or ''}")
     for spec in parse_systems(a.systems):
+        runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for _ in range(a.repeat):
+            for mode in modes:
+                runs[mode].append(_in_child(a.config, overrides, mode, a.segment, a.minutes, a.trace, spec.name))
         first: dict[str, Any] | None = None
         for mode in modes:
-            r = _in_child(a.config, overrides, mode, a.segment, a.minutes, a.trace, spec.name)
+            r = min(runs[mode], key=lambda x: x["cpu_s"])
             ev_cpu = r["events"] / r["cpu_s"]
             per_traj = 1e3 * r["cpu_s"] / r["trajectories"] if r["trajectories"] else float("nan")
             first = first or {**r, "ev_cpu": ev_cpu, "per_traj": per_traj}

@@ -387,23 +387,28 @@ class TableSpan:
         v: list[float] = []
         p: list[float] = [0.0]
         last = len(grid) - 2
+        i = min(max(bisect.bisect_right(grid, s0) - 1, 0), last)
         start = 0
         total = 0.0
-        for i in range(min(max(bisect.bisect_right(grid, s0) - 1, 0), last), last + 1):
-            hi = math.inf if i == last or start >= limit else float(grid[i + 1])
-            end = math.ceil(hi - s0) if hi != math.inf else None
-            if end is not None and end <= start:
-                continue  # the span starts past this piece
+        while True:
+            end = -1  # the last piece: it extends past the grid or past ``limit``
+            if i < last and start < limit:
+                end = math.ceil(grid[i + 1] - s0)
+                if end <= start:  # the span starts past this piece
+                    i += 1
+                    continue
             slope = slopes[i]
             c0 = row[i] + slope * (s0 - grid[i])
             u.append(c0)
             v.append(slope)
-            if end is None:
+            if end < 0:
                 break
-            total = total + _lin(c0, slope, start, end)
+            m = end - start  # >= 1: total += sum_{j=start}^{end-1} (c0 + slope j) (``_lin``)
+            total = total + (m * c0 + slope * (start + end - 1) * m / 2.0)
             p.append(total)
             b.append(end)
             start = end
+            i += 1
         self._b, self._u, self._v, self._p = b, u, v, p
 
     def total(self, k: int) -> float:
