@@ -44,12 +44,18 @@ piecewise-linear in ``j`` with breakpoints ``ceil(s_k - s0)`` at the grid's cont
 the span's sum ``S(K) = sum_{j<K} t(j)`` is closed form per piece (``TableSpan``): one bisection,
 never a sum per token.
 
+Per replay event the tables cost what the datasheet formulas do (``benchmarks/bench_replay.py``):
+``CostTables`` keeps each batch's row slopes ``(D[n, s_{k+1}] - D[n, s_k]) / (s_{k+1} - s_k)`` and
+the price of each distinct prefill chunk (up to ``CHUNK_MEMO`` of them; a prompt with no cache hit
+is cut into the same chunks as every other, so about 2 of 3 chunks of a paper replay repeat). Both
+are the same floats the formulas give (``tests/engines/test_emulated_tables.py``).
+
 Built once per (model, system, backend, version, tp): ~20 s of CPU. The tables are written to a JSON file under ``cache_dir()`` (``$PEARL_COST_CACHE`` or
 ``~/.cache/pearl/emulator-costs``) named by the key; a file whose key, grids, values or checksum do
 not match is rebuilt with a WARNING naming why (never read silently).
 
 Public names: ``CostTables``, ``TableKey``, ``TableSpan``, ``CostDatabaseError``, ``table_key``,
-``load_tables``, ``build_tables``, ``database_catalog``, ``cache_dir``.
+``load_tables``, ``build_tables``, ``database_catalog``, ``cache_dir``, ``row_slopes``.
 """
 
 from __future__ import annotations
