@@ -44,12 +44,18 @@ piecewise-linear in ``j`` with breakpoints ``ceil(s_k - s0)`` at the grid's cont
 the span's sum ``S(K) = sum_{j<K} t(j)`` is closed form per piece (``TableSpan``): one bisection,
 never a sum per token.
 
+Per replay event the tables cost what the datasheet formulas do (``benchmarks/bench_replay.py``):
+``CostTables`` keeps each batch's row slopes ``(D[n, s_{k+1}] - D[n, s_k]) / (s_{k+1} - s_k)`` and
+the price of each distinct prefill chunk (up to ``CHUNK_MEMO`` of them; a prompt with no cache hit
+is cut into the same chunks as every other, so about 2 of 3 chunks of a paper replay repeat). Both
+are the same floats the formulas give (``tests/engines/test_emulated_tables.py``).
+
 Built once per (model, system, backend, version, tp): ~20 s of CPU. The tables are written to a JSON file under ``cache_dir()`` (``$PEARL_COST_CACHE`` or
 ``~/.cache/pearl/emulator-costs``) named by the key; a file whose key, grids, values or checksum do
 not match is rebuilt with a WARNING naming why (never read silently).
 
 Public names: ``CostTables``, ``TableKey``, ``TableSpan``, ``CostDatabaseError``, ``table_key``,
-``load_tables``, ``build_tables``, ``database_catalog``, ``cache_dir``.
+``load_tables``, ``build_tables``, ``database_catalog``, ``cache_dir``, ``row_slopes``.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +94,8 @@ PREFILL_TOKENS = _steps((1, 16384, 1))
 ATTN_NEW = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320, 384, 448, 512, 768, 1024, 1536, 2048, 2560, 3072, 3584, *range(4096, 16385, 1024))
 #: requests per chunk m of the attention table
 ATTN_BATCH = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+#: distinct prefill chunks ``CostTables`` keeps priced (then it starts over: bounded memory)
+CHUNK_MEMO = 1 << 16
 #: mean cached tokens per request c of the attention table
 ATTN_CACHED = (0, 256, 512, 768, *range(1024, 8192, 512), *range(8192, 32768, 1024), *range(32768, 65537, 2048))
 
@@ -195,6 +203,19 @@ def _lerp(grid: tuple[int, ...], vals: list[float], x: float) -> float:
     return vals[i] + w * (vals[i + 1] - vals[i])
 
 
+def _chunk_sums(parts: list[tuple[int, int]]) -> tuple[int, int, float]:
+    """(m, X, W) over the parts with x_i > 0: their count, sum x_i and sum x_i (c_i + x_i / 2),
+    summed in the parts' order."""
+    m = big_x = 0
+    work = 0.0
+    for x, c in parts:
+        if x > 0:
+            m += 1
+            big_x += x
+            work += x * (c + x / 2.0)
+    return m, big_x, work
+
+
 @dataclass(frozen=True)
 class CostTables:
     """The four tables of one (model, system, backend, version, tp), in seconds (module docstring)."""
@@ -205,6 +226,13 @@ class CostTables:
     nonattn: list[float]  # [len(PREFILL_TOKENS)] seconds
     attn: list[list[list[float]]]  # [len(ATTN_BATCH)][len(ATTN_NEW)][len(ATTN_CACHED)] seconds
     decode_nonattn: list[float]  # [len(DECODE_BATCH)] seconds: N[n]
+    #: n -> (D_n, its slopes) of the batches a replay has asked for (a span per event reads them)
+    _rows: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
+    #: parts -> t_pre of the chunks priced so far (a prompt with no cache hit is cut into the same
+    #: (chunk_tokens, 0), (chunk_tokens, chunk_tokens), ... chunks as every other: ~2 of 3 repeat)
+    _chunks: dict[tuple[tuple[int, int], ...], float] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
 
     def decode_row(self, n: float) -> list[float]:
         """D_n on ``DECODE_CTX`` (past the grid's batches: extended from its last two rows)."""
@@ -226,30 +254,36 @@ class CostTables:
         """A[m, x, c]: the attention of m requests of x new tokens over c cached ones each (linear in
         the attention work x (c + x / 2) between grid points of x; linear in c and m)."""
         k, wm = _seg(ATTN_BATCH, m)
-        i, _ = _seg(ATTN_NEW, new)
+        i = min(max(bisect.bisect_right(ATTN_NEW, new) - 1, 0), len(ATTN_NEW) - 2)
         j, wc = _seg(ATTN_CACHED, cached)
         lo_x, hi_x = ATTN_NEW[i], ATTN_NEW[i + 1]
         w_lo, w_hi = lo_x * (cached + lo_x / 2.0), hi_x * (cached + hi_x / 2.0)
         wx = (new * (cached + new / 2.0) - w_lo) / (w_hi - w_lo)
-
-        def plane(t: list[list[float]]) -> float:
-            a, b = t[i], t[i + 1]
-            lo = a[j] + wc * (a[j + 1] - a[j])
-            return float(lo + wx * (b[j] + wc * (b[j + 1] - b[j]) - lo))
-
-        lo = plane(self.attn[k])
-        return lo + wm * (plane(self.attn[k + 1]) - lo)
+        # the plane of batch k, then of k + 1: bilinear in (work, c) on each
+        a, b = self.attn[k][i], self.attn[k][i + 1]
+        lo = a[j] + wc * (a[j + 1] - a[j])
+        p0 = float(lo + wx * (b[j] + wc * (b[j + 1] - b[j]) - lo))
+        a, b = self.attn[k + 1][i], self.attn[k + 1][i + 1]
+        lo = a[j] + wc * (a[j + 1] - a[j])
+        p1 = float(lo + wx * (b[j] + wc * (b[j + 1] - b[j]) - lo))
+        return p0 + wm * (p1 - p0)
 
     def prefill_chunk_s(self, parts: list[tuple[int, int]]) -> float:
         """G[X] + A[m, X / m, c_eq] for ``parts`` = (new x_i, cached c_i) of m requests, ``c_eq = W / X
         - X / (2 m)`` with ``W = sum x_i (c_i + x_i / 2)``: the uniform batch of the same tokens and
-        the same attention work (c_eq >= 0 by Cauchy-Schwarz)."""
-        live = [(x, c) for x, c in parts if x > 0]
-        m = len(live)
+        the same attention work (c_eq >= 0 by Cauchy-Schwarz). Kept per distinct ``parts``."""
+        key = tuple(parts)
+        got = self._chunks.get(key)
+        if got is None:
+            if len(self._chunks) >= CHUNK_MEMO:
+                self._chunks.clear()
+            got = self._chunks[key] = self._prefill_chunk_s(parts)
+        return got
+
+    def _prefill_chunk_s(self, parts: list[tuple[int, int]]) -> float:
+        m, big_x, work = _chunk_sums(parts)
         if not m:
             return 0.0
-        big_x = sum(x for x, _ in live)
-        work = sum(x * (c + x / 2.0) for x, c in live)
         c_eq = max(work / big_x - big_x / (2.0 * m), 0.0)
         return self.nonattn_s(big_x) + self.attn_s(m, big_x / m, c_eq)
 
@@ -258,12 +292,9 @@ class CostTables:
         one decode iteration of n sequences of ``context_per_seq`` tokens in one forward pass."""
         if n <= 0:
             return self.prefill_chunk_s(parts)
-        live = [(x, c) for x, c in parts if x > 0]
-        if not live:
+        m, big_x, work = _chunk_sums(parts)
+        if not m:
             return self.decode_step_s(n, context_per_seq)
-        m = len(live)
-        big_x = sum(x for x, _ in live)
-        work = sum(x * (c + x / 2.0) for x, c in live)
         c_eq = max(work / big_x - big_x / (2.0 * m), 0.0)
         n_row = _lerp(DECODE_BATCH, self.decode_nonattn, n) if n > len(self.decode_nonattn) else self.decode_nonattn[n - 1]
         return (self.nonattn_s(big_x + n) + self.attn_s(m, big_x / m, c_eq)
@@ -272,7 +303,11 @@ class CostTables:
     def span(self, n: int, context: float, k_max: int) -> TableSpan:
         """The decode span of n sequences holding ``context`` tokens in all, up to ``k_max``
         iterations (module docstring)."""
-        return TableSpan(self.decode_row(n), context / n, k_max)
+        got = self._rows.get(n)
+        if got is None:
+            row = self.decode_row(n)
+            got = self._rows[n] = (row, row_slopes(row))
+        return TableSpan(got[0], context / n, k_max, got[1])
 
     # ---------------------------------------------------------------- file
     def payload(self) -> dict[str, Any]:
@@ -347,25 +382,39 @@ class TableSpan:
 
     __slots__ = ("_b", "_p", "_u", "_v")
 
-    def __init__(self, row: list[float], s0: float, limit: int) -> None:
+    def __init__(self, row: list[float], s0: float, limit: int, slopes: list[float] | None = None) -> None:
+        """``slopes``: ``(row[i + 1] - row[i]) / (s_{i + 1} - s_i)`` per grid segment (``row_slopes``),
+        when the caller keeps them per row; computed here otherwise."""
         grid = DECODE_CTX
+        if slopes is None:
+            slopes = row_slopes(row)
         b: list[int] = [0]
         u: list[float] = []
         v: list[float] = []
         p: list[float] = [0.0]
         last = len(grid) - 2
-        for i in range(min(max(bisect.bisect_right(grid, s0) - 1, 0), last), last + 1):
-            hi = math.inf if i == last or b[-1] >= limit else float(grid[i + 1])
-            end = math.ceil(hi - s0) if hi != math.inf else None
-            if end is not None and end <= b[-1]:
-                continue  # the span starts past this piece
-            slope = (row[i + 1] - row[i]) / (grid[i + 1] - grid[i])
-            u.append(row[i] + slope * (s0 - grid[i]))
+        i = min(max(bisect.bisect_right(grid, s0) - 1, 0), last)
+        start = 0
+        total = 0.0
+        while True:
+            end = -1  # the last piece: it extends past the grid or past ``limit``
+            if i < last and start < limit:
+                end = math.ceil(grid[i + 1] - s0)
+                if end <= start:  # the span starts past this piece
+                    i += 1
+                    continue
+            slope = slopes[i]
+            c0 = row[i] + slope * (s0 - grid[i])
+            u.append(c0)
             v.append(slope)
-            if end is None:
+            if end < 0:
                 break
-            p.append(p[-1] + _lin(u[-1], v[-1], b[-1], end))
+            m = end - start  # >= 1: total += sum_{j=start}^{end-1} (c0 + slope j) (``_lin``)
+            total = total + (m * c0 + slope * (start + end - 1) * m / 2.0)
+            p.append(total)
             b.append(end)
+            start = end
+            i += 1
         self._b, self._u, self._v, self._p = b, u, v, p
 
     def total(self, k: int) -> float:
@@ -397,6 +446,12 @@ class TableSpan:
         while k > 0 and self.total(k) > budget:
             k -= 1
         return k
+
+
+def row_slopes(row: list[float]) -> list[float]:
+    """The slope of ``row`` (a decode row on ``DECODE_CTX``) on each grid segment, seconds per token."""
+    grid = DECODE_CTX
+    return [(row[i + 1] - row[i]) / (grid[i + 1] - grid[i]) for i in range(len(grid) - 1)]
 
 
 def _lin(c0: float, c1: float, lo: int, hi: int) -> float:

@@ -141,6 +141,79 @@ def test_span_sum_is_the_sum_of_its_steps_and_inverts(tables_8b: CostTables, n: 
     assert isinstance(span, TableSpan)
 
 
+def _reference_attn(t: CostTables, m: int, new: float, cached: float) -> float:
+    """A[m, x, c] written out from the module docstring: linear in m and c, linear in the attention
+    work x (c + x / 2) between the two grid values of x around ``new`` (end segments extended)."""
+    def seg(grid: tuple[int, ...], v: float) -> int:
+        return min(max(max(i for i, g in enumerate(grid) if g <= v) if v >= grid[0] else 0, 0), len(grid) - 2)
+
+    k, i, j = seg(et.ATTN_BATCH, m), seg(et.ATTN_NEW, new), seg(et.ATTN_CACHED, cached)
+    wm = (m - et.ATTN_BATCH[k]) / (et.ATTN_BATCH[k + 1] - et.ATTN_BATCH[k])
+    wc = (cached - et.ATTN_CACHED[j]) / (et.ATTN_CACHED[j + 1] - et.ATTN_CACHED[j])
+    lo_x, hi_x = et.ATTN_NEW[i], et.ATTN_NEW[i + 1]
+    work = [x * (cached + x / 2.0) for x in (lo_x, new, hi_x)]
+    wx = (work[1] - work[0]) / (work[2] - work[0])
+
+    def at(kk: int) -> float:
+        lo = [t.attn[kk][i][j] * (1 - wc) + t.attn[kk][i][j + 1] * wc,
+              t.attn[kk][i + 1][j] * (1 - wc) + t.attn[kk][i + 1][j + 1] * wc]
+        return lo[0] * (1 - wx) + lo[1] * wx
+
+    return at(k) * (1 - wm) + at(k + 1) * wm
+
+
+def test_a_chunk_is_priced_as_its_formula_and_the_same_on_every_call(tables_8b: CostTables) -> None:
+    """t_pre = G[X] + A[m, X / m, c_eq] from the written-out formula on random chunks (repeats
+    included: a priced chunk is kept and must come back unchanged, and equal to a fresh table's)."""
+    rng = random.Random(11)
+    chunks = [[(rng.choice([0, rng.randint(1, 8192)]), rng.randint(0, 60_000)) for _ in range(rng.randint(1, 5))]
+              for _ in range(300)]
+    chunks += [[(rng.randint(1, 400), rng.randint(0, 30_000)) for _ in range(rng.randint(6, 60))] for _ in range(100)]
+    chunks += [*chunks[:100], [(8192, 0)], [(8192, 8192)], [(0, 10)], []]
+    fresh = CostTables(tables_8b.key, "", tables_8b.decode, tables_8b.nonattn, tables_8b.attn,
+                       tables_8b.decode_nonattn)
+    for parts in chunks:
+        live = [(x, c) for x, c in parts if x > 0]
+        if not live:
+            assert tables_8b.prefill_chunk_s(parts) == 0.0
+            continue
+        m, big_x = len(live), sum(x for x, _ in live)
+        c_eq = max(sum(x * (c + x / 2) for x, c in live) / big_x - big_x / (2 * m), 0.0)
+        want = tables_8b.nonattn_s(big_x) + _reference_attn(tables_8b, m, big_x / m, c_eq)
+        got = tables_8b.prefill_chunk_s(parts)
+        assert got == pytest.approx(want, rel=1e-12)
+        assert got == tables_8b.prefill_chunk_s(list(parts)) == fresh.prefill_chunk_s(parts)
+
+
+def test_the_priced_chunks_kept_are_bounded(tables_8b: CostTables, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(et, "CHUNK_MEMO", 8)
+    t = CostTables(tables_8b.key, "", tables_8b.decode, tables_8b.nonattn, tables_8b.attn, tables_8b.decode_nonattn)
+    costs = [t.prefill_chunk_s([(100 + i, 0)]) for i in range(20)]
+    assert len(t._chunks) <= 8
+    assert costs == [t.prefill_chunk_s([(100 + i, 0)]) for i in range(20)]
+
+
+def test_a_span_is_the_sum_of_its_steps_on_random_batches(tables_8b: CostTables) -> None:
+    """The closed-form span (its rows' slopes kept per batch) against the plain per-step sum, and
+    its inverse, on random batches, contexts and lengths (batches repeat: the kept slopes are reused)."""
+    rng = random.Random(12)
+    for _ in range(40):
+        n = rng.choice([1, 2, 3, 8, 64, 255, 256])
+        s0, k = rng.uniform(1, 60_000), rng.randint(1, 3000)
+        span = tables_8b.span(n, s0 * n, k)
+        steps = [tables_8b.decode_step_s(n, s0 * n / n + j) for j in range(k)]
+        assert span.total(k) == pytest.approx(sum(steps), rel=1e-9)
+        plain = TableSpan(tables_8b.decode_row(n), s0 * n / n, k)  # slopes computed from the row itself
+        for j in (0, 1, rng.randint(0, k), k):
+            assert span.total(j) == plain.total(j)
+            assert span.total(j) == pytest.approx(sum(steps[:j]), rel=1e-9)
+        for _ in range(3):
+            e = rng.uniform(0, span.total(k) * 1.1)
+            j = span.within(e, k)
+            assert j == plain.within(e, k)
+            assert sum(steps[:j]) <= e * (1 + 1e-9) and (j == k or sum(steps[: j + 1]) > e * (1 - 1e-9))
+
+
 def test_cache_is_reused_and_a_corrupt_or_stale_file_is_rebuilt_loudly(
         tables_8b: CostTables, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     built: list[et.TableKey] = []
