@@ -59,14 +59,19 @@
 
 9. Closed loop: once batches have finished, every prediction is multiplied by the measured /
    predicted correction of its configuration and its neighbours (``WorkloadProfile.correction``,
-   ``makespan_correction``), fed by the runtime after each batch that ran one configuration
-   throughout (``RuntimeTracker.observe_makespan``). ``colocated_curve`` is the model's, uncorrected.
+   ``makespan_correction``), fed by the runtime after each batch with the configurations it ran
+   and for how long (a borrow, a return, a grant or a reclaim mid-batch changes the pool; a batch
+   that changed mode is not taken: ``RuntimeTracker.observe_batch``): a term per mode from
+   batches on one configuration, and a term both modes share from batches whose pool changed.
+   ``colocated_curve`` is the model's, uncorrected.
 
 10. Convergence: each model's fixed point is solved until every unknown is within
    ``stages.TOLERANCE`` (relative) of it, in ``stages.ROUNDS`` rounds at most (``stages`` module
    docstring). A candidate whose fixed point is not that close by then keeps its last iterate as
    its prediction and says so (``converged: false`` in its record); ``make bench`` and
-   ``tests/core/test_fixed_point.py`` measure the rounds and the distance.
+   ``tests/core/test_fixed_point.py`` measure the rounds and the distance. Like an extrapolated
+   one (8.), a switch to such a candidate from one that converged must show ``UNCONVERGED_MARGIN``
+   more saving.
 
 The returned ``Decision`` carries every candidate's prediction and a human-readable reason, and
 (``colocated_curve``, in ``to_dict`` as ``colocated_by_workers``) the colocated prediction at every
@@ -107,6 +112,9 @@ __all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionErr
 EXTRAPOLATION_SLACK = 0.25
 #: the extra predicted saving a switch to an extrapolated candidate must show (module docstring, 8.)
 EXTRAPOLATION_MARGIN = 0.03
+#: the extra predicted saving a switch to a candidate whose fixed point did not converge must show
+#: (module docstring, 10.)
+UNCONVERGED_MARGIN = 0.03
 
 
 class DecisionError(ValueError):
@@ -537,6 +545,9 @@ def decide(
     if best.extrapolated and not cur.extrapolated:
         threshold += EXTRAPOLATION_MARGIN
         why += f" + {EXTRAPOLATION_MARGIN:.1%}: {best.allocation.label} is extrapolated"
+    if not best.converged and cur.converged:
+        threshold += UNCONVERGED_MARGIN
+        why += f" + {UNCONVERGED_MARGIN:.1%}: {best.allocation.label}'s fixed point did not converge"
     if saving > threshold:
         return done(best, True, False, f"switch {'mode' if mode_change else 'ratio'} {cur.allocation.label} -> "
                                        f"{best.allocation.label}: predicted saving {saving:.1%} > {why}")

@@ -29,6 +29,32 @@ with ``K_b = P_b / (P_b + R)``, where::
 
     x(c) = sum_a rho(c, a) x_a / (1 + sum_a rho(c, a))      (shrunk towards 0 where none is near)
 
+A batch over which the budget changed (a grant, a reclaim, a borrow and its return) ran several
+configurations ``c_i``, each for ``dt_i`` seconds of its measured makespan ``M = sum_i dt_i``. It
+measures something else: besides the models, the runtime's own work inside the batch (a lent
+worker activating while the pool already counts it, the requests a return aborts and
+re-prefills), which a colocated and a split pool pay alike. So the correction has two terms::
+
+    x(c) = s(N_c) + m(c)
+
+``m`` per mode (the anchors above, ``f`` and ``N``) and ``s`` shared by both modes (anchors in
+``N`` only). A batch that ran one configuration measures its mode's own term:
+``z = log(M / M_model) - s(N)``. A batch whose pool changed measures both: if it ran each
+``c_i`` at ``phi`` times its corrected model ``M_model(c_i) e^x(c_i)``, it ends when
+``sum_i dt_i / (phi M_model(c_i) e^x(c_i)) = 1``::
+
+    phi = sum_i dt_i / (M_model(c_i) e^x(c_i)),   nu = log phi,   w_i = dt_i / (M_model(c_i) e^x(c_i) phi)
+
+and at each ``c_i`` the two terms take the innovation ``nu`` (targets ``s + nu`` and
+``m + nu``) with noise ``R / w_i`` (the share of the batch's work done there) plus the other
+term's variance, so that ``nu`` is split between them as ``P_s : P_m``, the joint Kalman gain
+of a sum of two states. A batch that changed mode is not taken (its re-roling is in no model).
+With one term per mode only, the runtime's work measured on colocated batches alone would move
+colocation against every split it is compared with (a 5 % overhead of the borrow cycle read as a
+5 % advantage of every split); with one shared term only, colocation's own model error on a
+fixed pool would be charged to the splits too, and a split that runs slower than its model would
+never learn it in an elastic run.
+
 The factor applied is ``exp(x)`` clipped to ``[1 / MAX_FACTOR, MAX_FACTOR]``. ``Q``, ``R`` and the
 prior variance ``P0`` are modelling choices (below): a batch's makespan varies ~3-8 % from seed
 to seed (``R``, docs/predictor.md), and the correction should follow a change of workload within a
@@ -38,7 +64,8 @@ few batches (``Q``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -68,21 +95,17 @@ def _rho(df: npt.NDArray[np.float64], dn: npt.NDArray[np.float64]) -> npt.NDArra
 
 @dataclass(frozen=True, slots=True)
 class MakespanCorrection:
-    """Per mode, the anchors of the closed loop (module docstring); the empty one corrects nothing."""
+    """The anchors of the closed loop (module docstring): each mode's own term and the term both
+    share; the empty one corrects nothing."""
 
     colocated: tuple[Anchor, ...] = ()
     split: tuple[Anchor, ...] = ()
+    shared: tuple[Anchor, ...] = ()
     batches: int = 0
 
-    def _anchors(self, split: bool) -> tuple[Anchor, ...]:
-        return self.split if split else self.colocated
-
-    def log_factors(self, n_workers: float, n_prefill: npt.NDArray[np.float64] | None) -> npt.NDArray[np.float64]:
-        """``x(c)`` for colocation on ``n_workers`` (``n_prefill`` None) or for each split
-        ``(n_prefill, n_workers - n_prefill)``; shape (1,) or (M,)."""
-        split = n_prefill is not None
-        f = np.zeros(1) if n_prefill is None else np.asarray(n_prefill, dtype=np.float64) / max(n_workers, 1.0)
-        anchors = self._anchors(split)
+    def _x(self, kind: str, n_workers: float, f: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """One anchor set's estimate at ``(f, N)``, unclipped (module docstring)."""
+        anchors: tuple[Anchor, ...] = getattr(self, kind)
         if not anchors:
             return np.zeros_like(f)
         arr = np.asarray([a[:4] for a in anchors], dtype=np.float64)
@@ -90,10 +113,27 @@ class MakespanCorrection:
         dn = math.log2(max(n_workers, 1.0)) - arr[None, :, 1]
         rho = _rho(df, dn)
         exact = (np.abs(df) < 1e-9) & (np.abs(dn) < 1e-9)
-        x = (rho * arr[None, :, 2]).sum(axis=1) / (1.0 + rho.sum(axis=1))
+        x: npt.NDArray[np.float64] = (rho * arr[None, :, 2]).sum(axis=1) / (1.0 + rho.sum(axis=1))
         hit = exact.any(axis=1)
         if hit.any():
             x = np.where(hit, (exact * arr[None, :, 2]).sum(axis=1), x)
+        return x
+
+    def _own(self, n_workers: float, n_prefill: float | None) -> float:
+        """``m(c)``: the configuration's own mode's term."""
+        if n_prefill is None:
+            return float(self._x("colocated", n_workers, np.zeros(1))[0])
+        return float(self._x("split", n_workers, np.array([n_prefill / max(n_workers, 1.0)]))[0])
+
+    def log_factors(self, n_workers: float, n_prefill: npt.NDArray[np.float64] | None) -> npt.NDArray[np.float64]:
+        """``x(c) = s(N) + m(c)`` for colocation on ``n_workers`` (``n_prefill`` None) or for
+        each split ``(n_prefill, n_workers - n_prefill)``; shape (1,) or (M,)."""
+        x = self._x("shared", n_workers, np.zeros(1))
+        if n_prefill is None:
+            x = x + self._x("colocated", n_workers, np.zeros(1))
+        else:
+            f = np.asarray(n_prefill, dtype=np.float64) / max(n_workers, 1.0)
+            x = x + self._x("split", n_workers, f)
         lim = math.log(MAX_FACTOR)
         out: npt.NDArray[np.float64] = np.clip(x, -lim, lim)
         return out
@@ -109,27 +149,80 @@ class MakespanCorrection:
         makespan is not a positive finite number."""
         if not (math.isfinite(model_s) and math.isfinite(measured_s) and model_s > 0 and measured_s > 0):
             return self
-        split = n_prefill is not None
-        f = 0.0 if n_prefill is None else n_prefill / max(n_workers, 1)
+        return self.observe_pieces([(n_workers, n_prefill, measured_s, model_s)])
+
+    def observe_pieces(self, pieces: Sequence[tuple[int, int | None, float, float]]) -> MakespanCorrection:
+        """The loop after one batch that ran configurations ``(n_workers, n_prefill, dt_i,
+        model_s_i)`` in turn: ``dt_i`` seconds of the batch under each, whose models' uncorrected
+        makespan is ``model_s_i`` (module docstring: one configuration corrects its mode's term,
+        several both terms by ``nu``, ``w_i``); unchanged if a piece has no positive finite time
+        and makespan."""
+        if not pieces or not all(math.isfinite(dt) and math.isfinite(m) and dt > 0 and m > 0
+                                 for _n, _p, dt, m in pieces):
+            return self
+        done: dict[tuple[int, int | None], float] = {}
+        for n, n_p, dt, m in pieces:
+            done[(n, n_p)] = done.get((n, n_p), 0.0) + dt / m
+        if len(done) == 1:
+            ((n, n_p), ratio), = done.items()
+            kind = "colocated" if n_p is None else "split"
+            f = 0.0 if n_p is None else n_p / max(n, 1)
+            z = math.log(ratio) - float(self._x("shared", float(n), np.zeros(1))[0])
+            out = self._drift(kind)._measure(kind, n, f, z, R)
+        else:  # the pool changed: one innovation nu, split between each piece's two terms
+            corrected = {c: w / math.exp(self._x("shared", float(c[0]), np.zeros(1))[0] + self._own(
+                float(c[0]), None if c[1] is None else float(c[1]))) for c, w in done.items()}
+            phi = sum(corrected.values())
+            nu = math.log(phi)
+            out = self._drift("shared")
+            for split in {n_p is not None for _n, n_p in done}:
+                out = out._drift("split" if split else "colocated")
+            for (n, n_p), w in sorted(corrected.items(), key=lambda kv: -kv[1]):
+                kind = "colocated" if n_p is None else "split"
+                f = 0.0 if n_p is None else n_p / max(n, 1)
+                r = R * phi / w
+                p_s, p_m = out._variance("shared", n, 0.0), out._variance(kind, n, f)
+                z_s = float(self._x("shared", float(n), np.zeros(1))[0]) + nu  # each term's target
+                z_m = self._own(float(n), None if n_p is None else float(n_p)) + nu
+                out = out._measure("shared", n, 0.0, z_s, r + p_m)
+                out = out._measure(kind, n, f, z_m, r + p_s)
+        return replace(out, batches=self.batches + 1)
+
+    def _drift(self, kind: str) -> MakespanCorrection:
+        """Every anchor of a set drifts by ``Q``: one batch has passed."""
+        anchors: tuple[Anchor, ...] = getattr(self, kind)
+        return self._with(kind, tuple((f, ln, x, p + Q, seen) for f, ln, x, p, seen in anchors))
+
+    def _variance(self, kind: str, n_workers: int, f: float) -> float:
+        """``P`` of the anchor at ``(f, N)`` of a set (a new one's: ``P0 + Q``)."""
         ln = math.log2(max(n_workers, 1))
-        z = math.log(measured_s / model_s)
-        anchors = list(self._anchors(split))
+        anchors: tuple[Anchor, ...] = getattr(self, kind)
+        return next((a[3] for a in anchors if abs(a[0] - f) < 1e-9 and abs(a[1] - ln) < 1e-9), P0 + Q)
+
+    def _measure(self, kind: str, n_workers: int, f: float, z: float, r: float) -> MakespanCorrection:
+        """One Kalman update of the anchor at ``(f, N)`` of a set (and its neighbours) by the
+        measurement ``z`` of noise ``r``."""
+        ln = math.log2(max(n_workers, 1))
+        anchors = list(getattr(self, kind))
         idx = next((i for i, a in enumerate(anchors) if abs(a[0] - f) < 1e-9 and abs(a[1] - ln) < 1e-9), None)
         if idx is None:  # a new anchor starts from its neighbours' estimate
-            x0 = float(self.log_factors(float(n_workers), None if n_prefill is None else np.array([float(n_prefill)]))[0])
-            anchors.append((f, ln, x0, P0, self.batches))
+            x0 = float(self._x(kind, float(n_workers), np.array([f]))[0])
+            anchors.append((f, ln, x0, P0 + Q, self.batches))
             idx = len(anchors) - 1
         out: list[Anchor] = []
         for i, (fa, la, x, p, seen) in enumerate(anchors):
-            p = p + Q
             if i == idx:
-                k = p / (p + R)
+                k = p / (p + r)
                 out.append((fa, la, x + k * (z - x), (1.0 - k) * p, self.batches + 1))
             else:
                 rho = float(_rho(np.asarray(fa - f), np.asarray(la - ln)))
-                out.append((fa, la, x + rho * p / (p + R) * (z - x), p, seen))
+                out.append((fa, la, x + rho * p / (p + r) * (z - x), p, seen))
         out = sorted(out, key=lambda a: -a[4])[:MAX_ANCHORS]
-        kept = tuple(sorted(out))
-        if split:
-            return MakespanCorrection(self.colocated, kept, self.batches + 1)
-        return MakespanCorrection(kept, self.split, self.batches + 1)
+        return self._with(kind, tuple(sorted(out)))
+
+    def _with(self, kind: str, anchors: tuple[Anchor, ...]) -> MakespanCorrection:
+        if kind == "colocated":
+            return replace(self, colocated=anchors)
+        if kind == "split":
+            return replace(self, split=anchors)
+        return replace(self, shared=anchors)

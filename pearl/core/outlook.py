@@ -41,13 +41,14 @@ Known pool changes (``pool_changes``; offsets from now, in time order):
 
 Public names: ``PoolOutlook``, ``TrainerView``, ``Reclaim``, ``Expansion``, ``PoolChange``, ``Segment``,
 ``lent_leaving``, ``pool_changes``, ``pool_schedule``, ``regrowth_admitted``, ``sync_stall``,
-``batch_forecast``, ``speeds_since``, ``remaining_s``, ``hold_s``, ``SwitchHold``,
+``batch_forecast``, ``batch_pieces``, ``speeds_since``, ``remaining_s``, ``hold_s``, ``SwitchHold``,
 ``hold_switch``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -250,6 +251,33 @@ def pool_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> tuple[flo
             return m_cur, tuple(segments[:1])
         segments.append(Segment(t, m, n_now))
     return compose_makespan(_schedule(segments)), tuple(segments)
+
+
+def batch_pieces(ran: Allocation, changes: Sequence[tuple[float, Allocation | None]], start: float, end: float,
+                 batch: float, slack: float) -> list[tuple[Allocation, float, float]] | None:
+    """The allocations a batch that ran from ``start`` to ``end`` was under, as the closed loop
+    takes them (``RuntimeTracker.observe_batch``): ``(allocation, seconds, workers)``, ``ran`` at
+    its start then each of ``changes`` (``(time, allocation)``, oldest first) in turn. A colocated
+    pool that grew past ``n_low``, the fewest workers the batch has had, serves its in-flight
+    trajectories on ``n_eff = sticky_pool(B, n_low, N, s)`` workers, as ``pool_schedule``
+    predicts it; every other piece on its own. None if the pool was emptied (no allocation)."""
+    t, cur, n_low = start, ran, ran.n_workers
+    out: list[tuple[Allocation, float, float]] = []
+
+    def piece(a: Allocation, dt: float) -> tuple[Allocation, float, float]:
+        grown = a.mode is Mode.COLOCATED and a.n_workers > n_low
+        return a, dt, sticky_pool(batch, n_low, a.n_workers, slack) if grown else float(a.n_workers)
+
+    for at, alloc in changes:
+        if at > t:
+            out.append(piece(cur, min(at, end) - t))
+            t = min(at, end)
+        if alloc is None:
+            return None
+        n_low = min(n_low, cur.n_workers)
+        cur = alloc
+    out.append(piece(cur, end - t))
+    return [p for p in out if p[1] > 0]
 
 
 def sync_stall(o: PoolOutlook, d: Decision, trainer_waits: bool, segments: tuple[Segment, ...],

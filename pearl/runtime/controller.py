@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from pearl.config import RunConfig
 from pearl.core.decision import Allocation
 from pearl.core.events import ElasticEvent, ProfileRefit, TrainingFinished, TrainingStarted
+from pearl.core.outlook import batch_pieces
 from pearl.core.profile import HardwareProfile, WorkloadProfile
 from pearl.core.session import SessionFactory
 from pearl.core.state import ClusterState, Gpu, Role, Zone
@@ -179,10 +180,18 @@ class Controller:
         #: per ``batch_predictions`` entry, the allocation in force at the batch's start and end
         #: (``"coloc/16"``, ``"5P11D/16"``; None before the first decision)
         self.batch_allocations: list[tuple[str | None, str | None]] = []
+        #: per ``batch_predictions`` entry, whether one allocation ran it throughout (no change of
+        #: budget, mode or ratio between its start and end): only these close the makespan loop
+        self.batch_one_configuration: list[bool] = []
+        #: per ``batch_predictions`` entry, whether it corrected the closed loop (it ran one mode:
+        #: ``RuntimeTracker.observe_batch``)
+        self.batch_closed_loop: list[bool] = []
         # batch index -> the predicted makespan in force when that batch started (keyed, so the
         # pairing stays right even if a pipeline ever overlaps consecutive batches)
         self._predicted_at_start: dict[int, float] = {}
         self._allocation_at_start: dict[int, Allocation | None] = {}
+        #: per batch, ``ElasticScheduler.allocation_changes`` at its start
+        self._changes_at_start: dict[int, int] = {}
         #: per batch, the workers serving rollout requests at its start (``_serving_throughout``)
         self._serving_at_start: dict[int, frozenset[str]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -315,6 +324,7 @@ class Controller:
         waits = r > self.pipeline.first_batch
         self._predicted_at_start[r] = self.elastic.batch_forecast(trainer_waits=waits)
         self._allocation_at_start[r] = self.elastic.allocation
+        self._changes_at_start[r] = self.elastic.allocation_changes
         self._serving_at_start[r] = self._serving_now()
 
     def _on_worker_failed(self, worker_id: str, reason: str) -> None:
@@ -344,15 +354,31 @@ class Controller:
         observed = self.pipeline.stats.batch_makespans[-1]
         predicted = self._predicted_at_start.pop(r, math.nan)
         ran = self._allocation_at_start.pop(r, None)
+        changes = self._changes_at_start.pop(r, -1)
+        # a pool that shrank and grew back mid-batch ends where it started but did not run one
+        # configuration: the count of allocation changes tells them apart
+        one = ran is not None and changes == self.elastic.allocation_changes
+        window, self._iterations[:] = list(self._iterations), []
+        self.tracker.refit(window, serving=self._serving_throughout(r))
+        pieces = self._pieces(ran, changes, observed)
+        closed = pieces is not None and self.tracker.observe_batch(pieces, self.cfg.workload.batch_size)
         if math.isfinite(predicted):
             self.batch_predictions.append((predicted, observed))
             self.batch_allocations.append((_pool_label(ran), _pool_label(self.elastic.allocation)))
-        window, self._iterations[:] = list(self._iterations), []
-        self.tracker.refit(window, serving=self._serving_throughout(r))
-        if ran is not None and ran == self.elastic.allocation:
-            # one configuration ran the whole batch: close the loop on its makespan
-            self.tracker.observe_makespan(ran, self.cfg.workload.batch_size, observed)
+            self.batch_one_configuration.append(one)
+            self.batch_closed_loop.append(closed)
         await self.elastic.submit(ProfileRefit(r + 1, event_id=f"refit-{r + 1}"))
+
+    def _pieces(self, ran: Allocation | None, changes: int, observed: float
+                ) -> list[tuple[Allocation, float, float]] | None:
+        """The allocations the batch that just ended ran (``outlook.batch_pieces``); None where
+        one is unknown."""
+        since = self.elastic.allocations_since(changes) if changes >= 0 else None
+        if ran is None or since is None:
+            return None
+        end = self.clock.now()
+        slack = self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload)
+        return batch_pieces(ran, since, end - observed, end, float(self.cfg.workload.batch_size), slack)
 
     def _serving_now(self) -> frozenset[str]:
         """The active workers whose requests carry their id (colocated, decode)."""
@@ -423,9 +449,12 @@ class Controller:
             "reconfigurations": dict(self.elastic.reconfigurations),
             "makespan_prediction_error": median(errs) if errs else None,
             "makespan_prediction_bias": median(signed) if signed else None,
-            "batch_predictions": [{"predicted_s": p, "observed_s": o, "allocation_at_start": a0, "allocation_at_end": a1}
-                                  for (p, o), (a0, a1) in zip(self.batch_predictions, self.batch_allocations,
-                                                              strict=True)],
+            "batch_predictions": [{"predicted_s": p, "observed_s": o, "allocation_at_start": a0, "allocation_at_end": a1,
+                                   "one_configuration": one, "closed_loop": closed}
+                                  for (p, o), (a0, a1), one, closed in zip(
+                                      self.batch_predictions, self.batch_allocations, self.batch_one_configuration,
+                                      self.batch_closed_loop, strict=True)],
+            "closed_loop_batches": self.tracker.workload.correction.batches,
             "shrinks": list(self.elastic.shrinks),
             "returns": [r.to_dict() for r in self.toggle.returns],
             "costs": self.elastic.costs.to_dict(),

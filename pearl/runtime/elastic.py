@@ -196,6 +196,11 @@ class ElasticScheduler:
         self.costs = costs_from_policy(cfg.policy)
         self.decision: Decision | None = None
         self.allocation: Allocation | None = None
+        #: how many times ``allocation`` has changed (a budget change, a mode or ratio switch): a
+        #: batch that saw no change ran one configuration throughout
+        self.allocation_changes = 0
+        #: the latest changes: ``(allocation_changes after it, time, allocation)``
+        self.allocation_log: deque[tuple[int, float, Allocation | None]] = deque(maxlen=history_limit)
         self.history: deque[dict[str, Any]] = deque(maxlen=history_limit)
         self.reconfigurations: Counter[str] = Counter()
         #: the training steps observed: the expected step (EMA, ``cost_ema_alpha``, of observed
@@ -372,7 +377,7 @@ class ElasticScheduler:
             await asyncio.gather(*(self.executor.remove(w, rep) if state.zone_of(state.workers[w]) is not Zone.OVERLAP
                                    else self.executor.deactivate(w, rep) for w in gone))
             self._log("replan", reason=reason, detail="no rollout GPU in the budget: nothing to decide")
-            self.allocation = None
+            self._set_allocation(None)
             return ReplanOutcome(reason, report=rep)
         try:
             step = replan_step(self.outlook(), state, budget, self.cfg.cluster.tp_size, batch_boundary)
@@ -384,7 +389,7 @@ class ElasticScheduler:
         if (kind := switch_kind(self.allocation, d.target, self.policy)) is not None:
             self.reconfigurations[kind] += 1
         self.decision = d
-        self.allocation = d.target
+        self._set_allocation(d.target)
         self._speeds.append((self.clock.now(), d.predicted_makespan_s))
         self._speeds = list(speeds_since(self._speeds, self.pipeline.stats.batch_started_at))
         # A GPU whose worker is still being prepared by an expansion group is not free: that group
@@ -405,6 +410,18 @@ class ElasticScheduler:
         if rep.errors:
             self.reconfigurations["errors"] += len(rep.errors)
         return ReplanOutcome(reason, decision=d, plan=p, report=rep, switch=held, expansion=group)
+
+    def _set_allocation(self, target: Allocation | None) -> None:
+        if target != self.allocation:
+            self.allocation_changes += 1
+            self.allocation_log.append((self.allocation_changes, self.clock.now(), target))
+        self.allocation = target
+
+    def allocations_since(self, changes: int) -> list[tuple[float, Allocation | None]] | None:
+        """``(time, allocation)`` of each change after the ``changes``-th, oldest first; None if
+        the log no longer holds them all."""
+        out = [(t, a) for k, t, a in self.allocation_log if k > changes]
+        return out if len(out) == self.allocation_changes - changes else None
 
     def _log_switch(self, step: ReplanStep) -> None:
         """Log the switch gate when ``replan_step`` evaluated one."""

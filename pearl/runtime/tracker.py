@@ -51,13 +51,28 @@ class RuntimeTracker:
             del self.recent[: len(self.recent) - self._keep]
 
     def observe_makespan(self, allocation: Allocation, batch: int, measured_s: float) -> None:
-        """A batch of ``batch`` trajectories ran ``allocation`` throughout and took ``measured_s``:
-        against the models' prediction on the current (refit) profiles, it corrects the profile's
-        closed loop (``pearl.core.makespan_correction``). Call after ``refit``."""
-        model = model_makespan(allocation, batch, self.hardware, self.workload)
-        n_p = None if allocation.mode is Mode.COLOCATED else allocation.n_prefill
-        corr = self.workload.correction.observe(allocation.n_workers, n_p, model, measured_s)
+        """A batch of ``batch`` trajectories ran ``allocation`` throughout and took ``measured_s``
+        (``observe_batch`` of one piece)."""
+        self.observe_batch([(allocation, measured_s, float(allocation.n_workers))], batch)
+
+    def observe_batch(self, pieces: Sequence[tuple[Allocation, float, float]], batch: int) -> bool:
+        """A batch of ``batch`` trajectories ran each ``(allocation, seconds, workers)`` in turn:
+        against the models' predictions on the current (refit) profiles (a colocated piece on
+        ``workers``, its effective pool), it corrects the closed loop of each allocation
+        (``pearl.core.makespan_correction``; its ``phi`` over the pieces). A batch that ran two
+        modes is not observed (its re-roling is in no model). Call after ``refit``; returns
+        whether the loop took it."""
+        if not pieces or len({a.mode for a, _dt, _n in pieces}) != 1:
+            return False
+        obs = []
+        for a, dt, n_eff in pieces:
+            placed = Allocation.colocated(min(max(round(n_eff), 1), a.n_workers)) if a.mode is Mode.COLOCATED else a
+            obs.append((a.n_workers, None if a.mode is Mode.COLOCATED else a.n_prefill, dt,
+                        model_makespan(placed, batch, self.hardware, self.workload)))
+        before = self.workload.correction
+        corr = before.observe_pieces(obs)
         self.workload = replace(self.workload, correction=corr)
+        return corr is not before
 
     def refit(self, iterations: Sequence[IterationRecord] = (), serving: Collection[str] = ()
               ) -> tuple[HardwareProfile, WorkloadProfile]:

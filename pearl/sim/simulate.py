@@ -45,6 +45,12 @@ Summary per system (the JSON of ``python -m pearl simulate --json``)::
                               observed = that batch's makespan in the emulator
     makespan_prediction_bias  median (predicted - observed) / observed, the same batches: its sign
                               says whether the predictor runs short (< 0) or long (> 0)
+    batch_allocations         per predicted batch, the allocation at its start and at its end
+    batch_one_configuration   per predicted batch, whether one allocation ran it throughout (no
+                              grant, reclaim, borrow, return or switch between its start and end)
+    batch_closed_loop         per predicted batch, whether it corrected the predictor's closed
+                              loop (``pearl.core.makespan_correction``): it ran one mode throughout
+    closed_loop_batches       the batches that corrected the closed loop
     interruptions, sim_events, sim_events_per_s, wall_s, role_hours
     router_moves              turns that left their previous worker: {"slack": past affinity_slack,
                               "cost": by the cost-aware rule} (pearl/core/affinity.py)
@@ -355,6 +361,9 @@ def run_system(cfg: RunConfig, spec: SystemSpec, tl: GpuTimeline | None, duratio
         "batch_makespans_s": [round(b["observed_s"], 2) for b in summ["batch_predictions"]],
         "batch_predicted_s": [round(b["predicted_s"], 2) for b in summ["batch_predictions"]],
         "batch_allocations": [[b["allocation_at_start"], b["allocation_at_end"]] for b in summ["batch_predictions"]],
+        "batch_one_configuration": [b["one_configuration"] for b in summ["batch_predictions"]],
+        "batch_closed_loop": [b["closed_loop"] for b in summ["batch_predictions"]],
+        "closed_loop_batches": summ["closed_loop_batches"],
         "interruptions": summ["interruptions"],
         "router_moves": raw["router_moves"],
         "placement_slack": raw["placement_slack"],

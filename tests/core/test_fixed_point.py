@@ -19,7 +19,7 @@ import pytest
 from pearl.config import RunConfig
 from pearl.core import disaggregated
 from pearl.core.colocated import U_CAP_COLOCATED, colocated_evaluation
-from pearl.core.decision import decide
+from pearl.core.decision import UNCONVERGED_MARGIN, Allocation, decide, mode_change_s
 from pearl.core.disaggregated import _fixed_point, _stage_terms, disaggregated_makespan
 from pearl.core.hardware import HardwareProfile
 from pearl.core.queueing import ClosedWait, prefill_service_scv
@@ -153,3 +153,26 @@ def test_a_candidate_the_round_cap_stops_short_says_so(prof8b: Prof, cfg8b: RunC
     assert flags[0] is True and not all(flags[1:])
     low = colocated_evaluation(hw, wl, 64, np.array([4.0, 8.0]), rounds=1)
     assert not low.converged.any()
+
+
+def test_a_switch_to_a_candidate_that_did_not_converge_needs_more_saving(prof8b: Prof, cfg8b: RunConfig,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """From colocation (converged) to a split stopped short by the round cap: the mode threshold
+    plus ``UNCONVERGED_MARGIN``, and the reason says why; the same split converged needs none."""
+    hw, wl = prof8b
+    coloc = Allocation.colocated(8)
+    with monkeypatch.context() as m:
+        m.setattr(disaggregated, "_fixed_point", functools.partial(_fixed_point, rounds=3))
+        d = decide(8, 64, hw, wl, cfg8b.policy, coloc)
+        best = next(c for c in d.candidates if c.allocation == d.best)
+        cur = d.candidates[0]
+        assert cur.allocation == coloc and cur.converged
+        assert best.allocation.mode is Mode.DISAGGREGATED and not best.converged
+        saving = (cur.makespan_s - best.makespan_s) / cur.makespan_s
+        charge = mode_change_s(8, 64, hw, wl, cfg8b.policy.role_switch_s) / cur.makespan_s
+        pol = cfg8b.policy.model_copy(update={"mode_switch_threshold": saving - charge - UNCONVERGED_MARGIN / 2})
+        held = decide(8, 64, hw, wl, pol, coloc)
+        assert held.target == coloc
+        assert f"{best.allocation.label}'s fixed point did not converge" in held.reason
+    moved = decide(8, 64, hw, wl, pol, coloc)  # converged: the mode threshold alone
+    assert moved.target == best.allocation and all(c.converged for c in moved.candidates)

@@ -35,15 +35,66 @@ def test_neighbours_share_the_correction_and_other_modes_do_not() -> None:
     at, near, far = c.factor(8, 4), c.factor(8, 5), c.factor(8, 1)
     assert at > near > far > 1.0 and far < 1.01
     assert c.factor(16, 8) < at  # another budget, same fraction: one octave away
-    assert c.factor(8) == 1.0  # colocation has its own loop
+    assert c.factor(8) == 1.0  # colocation has its own term
     # a new anchor starts from its neighbours' estimate, then follows its own measurements
     assert c.observe(8, 5, 100.0, 100.0).factor(8, 5) < near
+
+
+def test_a_pool_change_corrects_both_modes_and_a_fixed_pool_its_own() -> None:
+    """``x(c) = s(N) + m(c)`` (module docstring): what batches on one configuration measure stays
+    with their mode; what batches whose pool changed measure is shared between the mode's own
+    term and the term colocation and every split on those budgets share."""
+    fixed = MakespanCorrection()
+    for _ in range(4):
+        fixed = fixed.observe(16, None, 100.0, 110.0)
+    assert 1.08 < fixed.factor(16) < 1.1 and not fixed.shared
+    assert fixed.factor(16, 5) == 1.0  # colocation's own model error is not the splits'
+    # batches that went 32 -> 16 -> 32 workers, 10 % over their models: the overrun is split
+    # between colocation's own term and the shared one, by their variances
+    cycle = MakespanCorrection()
+    for _ in range(4):
+        cycle = cycle.observe_pieces([(32, None, 110.0, 200.0), (16, None, 165.0, 300.0)])
+    assert len(cycle.colocated) == len(cycle.shared) == 2
+    for n in (16, 32):
+        assert 1.05 < cycle.factor(n) < 1.11
+        for p in (1, n // 3, n - 1):
+            assert 1.02 < cycle.factor(n, p) < cycle.factor(n)  # the shared part
+    # a split's own batch on a fixed pool corrects its own term
+    own = cycle.observe(16, 5, 100.0, 100.0 * cycle.factor(16, 5))
+    assert own.factor(16, 5) == pytest.approx(cycle.factor(16, 5), rel=1e-3)
+    slow = cycle.observe(16, 5, 100.0, 120.0)
+    assert cycle.factor(16, 5) < slow.factor(16, 5) < 1.2 and slow.factor(16) == cycle.factor(16)
+    # the pieces are weighed against each mode's own term: a cycle that ran just as colocation's
+    # own corrections say has nothing to share
+    f16, f32 = fixed.factor(16), fixed.factor(32)
+    both = fixed.observe_pieces([(16, None, 0.5 * 200.0 * f16, 200.0), (32, None, 0.5 * 100.0 * f32, 100.0)])
+    assert both.factor(16) == pytest.approx(f16, rel=0.015) and both.factor(32) == pytest.approx(f32, rel=0.015)
+
+
+def test_a_batch_over_two_pools_is_measured_against_both() -> None:
+    """A batch that ran half its work on 32 workers (model 200 s) and half on 16 (model 300 s) took
+    100 + 150 s: just what the models say (``phi = 1``), so nothing is corrected. Taken as 250 s on
+    32 workers (what the pool at its start and end says) it would read as a 25 % overrun."""
+    c = MakespanCorrection().observe_pieces([(32, None, 100.0, 200.0), (16, None, 150.0, 300.0)])
+    assert c.batches == 1 and c.factor(32) == pytest.approx(1.0) and c.factor(16) == pytest.approx(1.0)
+    assert len(c.shared) == 2 and len(c.colocated) == 2 and not c.split
+    assert MakespanCorrection().observe(32, None, 200.0, 250.0).factor(32) > 1.15
+    # a 10 % overrun on both: phi = 1.1; the piece that did more of the work learns more
+    slow = MakespanCorrection().observe_pieces([(32, None, 220.0, 200.0), (16, None, 110.0, 300.0)])
+    x32, x16 = math.log(slow.factor(32)), math.log(slow.factor(16))
+    z = math.log(220.0 / 200.0 + 110.0 / 300.0)
+    assert 0.0 < x16 < x32 < z
+    # one piece is ``observe``
+    one = MakespanCorrection().observe_pieces([(8, 2, 115.0, 100.0)])
+    assert one == MakespanCorrection().observe(8, 2, 100.0, 115.0)
 
 
 def test_broken_measurements_change_nothing() -> None:
     c = MakespanCorrection().observe(8, None, 100.0, 110.0)
     for model, measured in ((math.nan, 100.0), (100.0, math.inf), (0.0, 100.0), (100.0, -5.0)):
         assert c.observe(8, None, model, measured) is c
+        assert c.observe_pieces([(8, None, 50.0, 100.0), (16, None, measured, model)]) is c
+    assert c.observe_pieces([]) is c
 
 
 def test_the_decision_multiplies_each_prediction_by_its_correction(prof8b: Prof, cfg8b: RunConfig) -> None:
@@ -57,3 +108,45 @@ def test_the_decision_multiplies_each_prediction_by_its_correction(prof8b: Prof,
     # the models' own prediction, which the loop measures against, is uncorrected
     assert model_makespan(Allocation.colocated(8), 64, hw, replace(wl, correction=corr)) == pytest.approx(plain.coloc_s)
     assert model_makespan(Allocation.disaggregated(4, 4), 64, hw, wl) == pytest.approx(float(plain.makespan_s[3]))
+
+
+def test_the_tracker_measures_a_batch_against_the_pieces_it_ran(prof8b: Prof) -> None:
+    """``RuntimeTracker.observe_batch``: each piece's model makespan on the tracker's profiles; a
+    batch that changed mode is not taken (its re-roling is in no model)."""
+    from pearl.runtime.tracker import RuntimeTracker
+
+    hw, wl = prof8b
+    t = RuntimeTracker(hw, wl)
+    m32, m16 = (model_makespan(Allocation.colocated(n), 64, hw, wl) for n in (32, 16))
+    assert not t.observe_batch([(Allocation.colocated(16), 50.0, 16.0), (Allocation.disaggregated(5, 11), 200.0, 16.0)],
+                               64)
+    assert t.workload.correction.batches == 0
+    assert t.observe_batch([(Allocation.colocated(32), 0.5 * m32, 32.0), (Allocation.colocated(16), 0.5 * m16, 16.0)],
+                           64)
+    corr = t.workload.correction
+    assert corr.batches == 1 and corr.factor(32) == pytest.approx(1.0) and corr.factor(16) == pytest.approx(1.0)
+    t.observe_makespan(Allocation.disaggregated(5, 11), 64, 1.2 * model_makespan(Allocation.disaggregated(5, 11),
+                                                                                    64, hw, wl))
+    assert t.workload.correction.factor(16, 5) > 1.1 and t.workload.correction.factor(16) == pytest.approx(1.0)
+    # a colocated pool that grew mid-batch is measured on its effective workers (``batch_pieces``)
+    m24 = model_makespan(Allocation.colocated(24), 64, hw, wl)
+    assert t.observe_batch([(Allocation.colocated(32), m24, 24.0)], 64)
+    assert t.workload.correction.factor(32) == pytest.approx(1.0)
+
+
+def test_a_batch_is_cut_into_the_allocations_it_ran() -> None:
+    """``outlook.batch_pieces``: the allocation at the start, then each change in turn; a colocated
+    pool that grew past the fewest workers the batch had runs on ``sticky_pool``'s workers."""
+    from pearl.core.makespan import sticky_pool
+    from pearl.core.outlook import batch_pieces
+
+    c32, c16, split = Allocation.colocated(32), Allocation.colocated(16), Allocation.disaggregated(10, 22)
+    got = batch_pieces(c32, [(105.0, c16), (200.0, c32)], 100.0, 300.0, 64.0, 2.0)
+    assert got == [(c32, 5.0, 32.0), (c16, 95.0, 16.0), (c32, 100.0, sticky_pool(64.0, 16.0, 32.0, 2.0))]
+    assert 16.0 < got[2][2] < 32.0
+    assert batch_pieces(split, [(150.0, Allocation.disaggregated(5, 11)), (200.0, split)], 100.0, 300.0, 64.0, 2.0) == [
+        (split, 50.0, 32.0), (Allocation.disaggregated(5, 11), 50.0, 16.0), (split, 100.0, 32.0)]
+    assert batch_pieces(c16, [], 0.0, 250.0, 64.0, 2.0) == [(c16, 250.0, 16.0)]
+    assert batch_pieces(c16, [(10.0, None), (20.0, c16)], 0.0, 250.0, 64.0, 2.0) is None
+    # grown the instant it started: its trajectories were placed on the 16 workers
+    assert batch_pieces(c16, [(0.0, c32)], 0.0, 250.0, 64.0, 2.0) == [(c32, 250.0, sticky_pool(64.0, 16.0, 32.0, 2.0))]

@@ -83,6 +83,22 @@ def test_each_batch_names_the_allocations_it_ran_under(result: dict[str, Any]) -
     assert {a for pair in r["batch_allocations"] for a in pair} > {"coloc/4"}  # it grew on the grants
 
 
+def test_a_batch_closes_the_loop_on_the_configurations_it_ran(result: dict[str, Any]) -> None:
+    """A pool that grew and shrank back mid-batch ends on the allocation it started on but did not
+    run it throughout (``batch_one_configuration`` false); the closed loop takes such a batch as the
+    pieces it ran (``pearl.core.makespan_correction``), each batch once."""
+    rlb = result["systems"]["rlboost+"]
+    pairs = list(zip(rlb["batch_allocations"], rlb["batch_one_configuration"], rlb["batch_closed_loop"], strict=True))
+    assert any(a == b and not one and closed for (a, b), one, closed in pairs)  # this segment's grant, then reclaim
+    for name, s in result["systems"].items():
+        assert all(closed for one, closed in zip(s["batch_one_configuration"], s["batch_closed_loop"], strict=True)
+                   if one), name
+        assert not any(one for (a, b), one in zip(s["batch_allocations"], s["batch_one_configuration"], strict=True)
+                       if a != b), name
+        assert s["closed_loop_batches"] == sum(s["batch_closed_loop"]), name
+    assert all(result["systems"]["roll"]["batch_one_configuration"])
+
+
 def test_pearl_uses_preemptible(result: dict[str, Any]) -> None:
     p = result["systems"]["pearl"]
     assert p["gpu_hours"]["preemptible"] > 0
