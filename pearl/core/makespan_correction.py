@@ -119,11 +119,12 @@ class MakespanCorrection:
             x = np.where(hit, (exact * arr[None, :, 2]).sum(axis=1), x)
         return x
 
-    def _own(self, n_workers: float, n_prefill: float | None) -> float:
-        """``m(c)``: the configuration's own mode's term."""
-        if n_prefill is None:
-            return float(self._x("colocated", n_workers, np.zeros(1))[0])
-        return float(self._x("split", n_workers, np.array([n_prefill / max(n_workers, 1.0)]))[0])
+    def _terms(self, n_workers: int, n_prefill: int | None) -> tuple[str, float, float, float]:
+        """A configuration's anchor set, prefill fraction and two terms ``s(N)``, ``m(c)``."""
+        kind = "colocated" if n_prefill is None else "split"
+        f = 0.0 if n_prefill is None else n_prefill / max(n_workers, 1)
+        s_n = float(self._x("shared", float(n_workers), np.zeros(1))[0])
+        return kind, f, s_n, float(self._x(kind, float(n_workers), np.array([f]))[0])
 
     def log_factors(self, n_workers: float, n_prefill: npt.NDArray[np.float64] | None) -> npt.NDArray[np.float64]:
         """``x(c) = s(N) + m(c)`` for colocation on ``n_workers`` (``n_prefill`` None) or for
@@ -163,29 +164,25 @@ class MakespanCorrection:
         done: dict[tuple[int, int | None], float] = {}
         for n, n_p, dt, m in pieces:
             done[(n, n_p)] = done.get((n, n_p), 0.0) + dt / m
+        # each configuration's terms before this batch: (kind, f, s(N), m(c))
+        terms = {c: self._terms(*c) for c in done}
         if len(done) == 1:
-            ((n, n_p), ratio), = done.items()
-            kind = "colocated" if n_p is None else "split"
-            f = 0.0 if n_p is None else n_p / max(n, 1)
-            z = math.log(ratio) - float(self._x("shared", float(n), np.zeros(1))[0])
-            out = self._drift(kind)._measure(kind, n, f, z, R)
+            ((c, ratio),) = done.items()
+            kind, f, s_n, _m = terms[c]
+            out = self._drift(kind)._measure(kind, c[0], f, math.log(ratio) - s_n, R)
         else:  # the pool changed: one innovation nu, split between each piece's two terms
-            corrected = {c: w / math.exp(self._x("shared", float(c[0]), np.zeros(1))[0] + self._own(
-                float(c[0]), None if c[1] is None else float(c[1]))) for c, w in done.items()}
+            corrected = {c: w / math.exp(terms[c][2] + terms[c][3]) for c, w in done.items()}
             phi = sum(corrected.values())
             nu = math.log(phi)
             out = self._drift("shared")
-            for split in {n_p is not None for _n, n_p in done}:
-                out = out._drift("split" if split else "colocated")
-            for (n, n_p), w in sorted(corrected.items(), key=lambda kv: -kv[1]):
-                kind = "colocated" if n_p is None else "split"
-                f = 0.0 if n_p is None else n_p / max(n, 1)
+            for kind in {terms[c][0] for c in done}:
+                out = out._drift(kind)
+            for c, w in sorted(corrected.items(), key=lambda kv: -kv[1]):
+                kind, f, s_n, m_c = terms[c]
                 r = R * phi / w
-                p_s, p_m = out._variance("shared", n, 0.0), out._variance(kind, n, f)
-                z_s = float(self._x("shared", float(n), np.zeros(1))[0]) + nu  # each term's target
-                z_m = self._own(float(n), None if n_p is None else float(n_p)) + nu
-                out = out._measure("shared", n, 0.0, z_s, r + p_m)
-                out = out._measure(kind, n, f, z_m, r + p_s)
+                p_s, p_m = out._variance("shared", c[0], 0.0), out._variance(kind, c[0], f)
+                out = out._measure("shared", c[0], 0.0, s_n + nu, r + p_m)  # each term's target: itself + nu
+                out = out._measure(kind, c[0], f, m_c + nu, r + p_s)
         return replace(out, batches=self.batches + 1)
 
     def _drift(self, kind: str) -> MakespanCorrection:

@@ -181,7 +181,7 @@ class Controller:
         #: (``"coloc/16"``, ``"5P11D/16"``; None before the first decision)
         self.batch_allocations: list[tuple[str | None, str | None]] = []
         #: per ``batch_predictions`` entry, whether one allocation ran it throughout (no change of
-        #: budget, mode or ratio between its start and end): only these close the makespan loop
+        #: budget, mode or ratio between its start and end)
         self.batch_one_configuration: list[bool] = []
         #: per ``batch_predictions`` entry, whether it corrected the closed loop (it ran one mode:
         #: ``RuntimeTracker.observe_batch``)

@@ -50,11 +50,6 @@ class RuntimeTracker:
         if len(self.recent) > 2 * self._keep:
             del self.recent[: len(self.recent) - self._keep]
 
-    def observe_makespan(self, allocation: Allocation, batch: int, measured_s: float) -> None:
-        """A batch of ``batch`` trajectories ran ``allocation`` throughout and took ``measured_s``
-        (``observe_batch`` of one piece)."""
-        self.observe_batch([(allocation, measured_s, float(allocation.n_workers))], batch)
-
     def observe_batch(self, pieces: Sequence[tuple[Allocation, float, float]], batch: int) -> bool:
         """A batch of ``batch`` trajectories ran each ``(allocation, seconds, workers)`` in turn:
         against the models' predictions on the current (refit) profiles (a colocated piece on
