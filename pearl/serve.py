@@ -385,6 +385,14 @@ class Service:
             log.info("training finished: %d step(s)", len(self.steps_done))
         return 0
 
+    async def _journal_counts(self) -> dict[str, int] | str:
+        """The journal's row counts, read on its writer thread (a failing disk never stalls the loop)."""
+        assert self.journal is not None
+        try:
+            return await asyncio.wait_for(self.journal.commit(self.journal.counts, "counts"), 5.0)
+        except (TimeoutError, JournalError) as e:
+            return f"counts not read: {type(e).__name__} {e}".rstrip()
+
     async def stop(self) -> Path | None:
         """Shut down in order, each phase bounded (``SHUTDOWN_BOUND_S``) and logged with its time: a
         phase that overruns is cancelled with a WARNING naming it, and the next one runs. A request
@@ -419,7 +427,7 @@ class Service:
                                   asyncio.gather(*(evict(w) for w in workers))):
                 log.warning("shutdown: %s did not drain; their in-flight turns run again from the journal on a "
                             "restart", ", ".join(w for w in workers if w not in drained))
-            kept = "" if self.journal is None else f" (journal {self.journal_path}: {self.journal.counts()})"
+            kept = "" if self.journal is None else f" (journal {self.journal_path}: {await self._journal_counts()})"
             log.info("shutdown: dispatch stopped, %d in-flight request(s) aborted with partial output kept%s",
                      self.aborted_at_stop, kept)
             await _bounded("controller and engine servers stopped", self.controller.stop(close_engine=True))

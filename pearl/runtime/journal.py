@@ -82,7 +82,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -141,6 +141,17 @@ CREATE INDEX IF NOT EXISTS events_seq ON events(seq);
 
 log = logging.getLogger("pearl.journal")
 T = TypeVar("T")
+
+
+def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Give a job's outcome to its future unless its waiter has gone: ``commit``'s awaiting task was
+    cancelled (``asyncio.wrap_future`` then cancels the future). The write itself has landed
+    either way; only nobody is waiting for the acknowledgement."""
+    with contextlib.suppress(InvalidStateError):
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
 
 
 def _no_hold() -> None:
@@ -229,6 +240,9 @@ class Journal:
     def post(self, op: Callable[[], T], what: str = "write") -> Future[T]:
         """Queue ``op`` (a call of this journal's methods) on the writer thread; returns at once."""
         fut: Future[T] = Future()
+        if not self._thread.is_alive():
+            fut.set_exception(JournalError(f"journal {self.path} is closed; {what} was not written"))
+            return fut
         release = _no_hold
         if self.fault is None:  # a failing disk holds no replay still
             with contextlib.suppress(RuntimeError):  # no loop in this thread
@@ -258,7 +272,12 @@ class Journal:
             job = self._jobs.get()
             if job is None:
                 return
-            self._run(job)
+            try:
+                self._run(job)
+            except BaseException as e:  # the one writer thread must outlive any one job
+                log.error("journal %s: %s failed on the writer thread (%s: %s); the next writes go on",
+                          self.path, job.what, type(e).__name__, e)
+                _settle(job.future, error=e)
             with self._count:
                 self._waiting -= 1
                 self._held.pop(id(job), None)
@@ -272,19 +291,19 @@ class Journal:
             except sqlite3.OperationalError as e:
                 self._faulted(job.what, e)
                 if self._closing.wait(delay):
-                    job.future.set_exception(JournalError(f"journal {self.path}: closed while {job.what} waited "
-                                                          f"for the disk ({e})"))
+                    _settle(job.future, error=JournalError(f"journal {self.path}: closed while {job.what} "
+                                                           f"waited for the disk ({e})"))
                     return
                 delay = min(delay * 2, self._max_retry_s)
                 continue
             except BaseException as e:
-                job.future.set_exception(e)
+                _settle(job.future, error=e)
                 return
             if self.fault is not None:
                 log.warning("journal %s: writable again after %.1f s; %d queued write(s) follow", self.path,
                             time.monotonic() - (self.fault_since or time.monotonic()), self._waiting - 1)
                 self.fault, self.fault_since = None, None
-            job.future.set_result(result)
+            _settle(job.future, result)
             return
 
     def _faulted(self, what: str, e: sqlite3.OperationalError) -> None:

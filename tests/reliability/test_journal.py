@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -9,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,32 @@ def test_wal_mode_and_record_round_trip(tmp_path: Path) -> None:
     assert j.record_trajectory(r) is False  # completed at most once
     assert j.completed() == (r,)
     j.close()
+
+
+async def test_a_write_whose_waiter_was_cancelled_lands_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """A task cancelled while it awaits ``commit`` (a shutdown cancelling the training loop)
+    cancels the future the writer thread later settles; the write still lands, and the writes
+    after it, and a synchronous read, still run rather than waiting on a dead writer thread."""
+    j = Journal(tmp_path / "j.db")
+    started, go = threading.Event(), threading.Event()
+
+    def slow_write() -> bool:
+        started.set()
+        go.wait(10)
+        return j.record_trajectory(_rec("a"))
+
+    waiter = asyncio.ensure_future(j.commit(slow_write, "slow write"))
+    assert await asyncio.to_thread(started.wait, 10)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    go.set()
+    assert await asyncio.wait_for(j.commit(lambda: j.record_trajectory(_rec("b")), "next write"), 10) is True
+    assert await asyncio.wait_for(asyncio.to_thread(j.counts), 10) == j.counts()
+    assert {r.traj_id for r in j.completed()} == {"a", "b"}
+    j.close()
+    with pytest.raises(JournalError, match="is closed; late write was not written"):
+        await asyncio.wait_for(j.commit(lambda: None, "late write"), 10)
 
 
 def test_partials_dropped_on_completion_and_ignored_after(tmp_path: Path) -> None:
