@@ -37,23 +37,24 @@ re-prefills), which a colocated and a split pool pay alike. So the correction ha
 
     x(c) = s(N_c) + m(c)
 
-``m`` per mode (the anchors above, ``f`` and ``N``) and ``s`` shared by both modes (anchors in
-``N`` only). A batch that ran one configuration measures its mode's own term:
-``z = log(M / M_model) - s(N)``. A batch whose pool changed measures both: if it ran each
-``c_i`` at ``phi`` times its corrected model ``M_model(c_i) e^x(c_i)``, it ends when
-``sum_i dt_i / (phi M_model(c_i) e^x(c_i)) = 1``::
+``m`` per mode (the anchors above, ``f`` and ``N``): the models' own error, measured by the
+batches that ran one configuration throughout, ``z = log(M / M_model)``. ``s`` shared by both
+modes (anchors in ``N`` only): what a batch whose pool changed shows beyond the corrected models.
+If it ran each ``c_i`` at ``phi`` times its corrected model ``M_model(c_i) e^x(c_i)``, it ends
+when ``sum_i dt_i / (phi M_model(c_i) e^x(c_i)) = 1``::
 
     phi = sum_i dt_i / (M_model(c_i) e^x(c_i)),   nu = log phi,   w_i = dt_i / (M_model(c_i) e^x(c_i) phi)
 
-and at each ``c_i`` the two terms take the innovation ``nu`` (targets ``s + nu`` and
-``m + nu``) with noise ``R / w_i`` (the share of the batch's work done there) plus the other
-term's variance, so that ``nu`` is split between them as ``P_s : P_m``, the joint Kalman gain
-of a sum of two states. A batch that changed mode is not taken (its re-roling is in no model).
-With one term per mode only, the runtime's work measured on colocated batches alone would move
-colocation against every split it is compared with (a 5 % overhead of the borrow cycle read as a
-5 % advantage of every split); with one shared term only, colocation's own model error on a
-fixed pool would be charged to the splits too, and a split that runs slower than its model would
-never learn it in an elastic run.
+and the shared anchor at each ``N_i`` takes the target ``s(N_i) + nu`` with noise ``R / w_i``
+(the share of the batch's work done there). Only ``s`` takes it: such a batch ran one mode
+throughout (a batch that changed mode is not taken: its re-roling is in no model), and nothing
+in it tells that mode's own error from the runtime's work. In an elastic run nearly every batch
+is one, run by the incumbent; giving any share of ``nu`` to the incumbent's ``m`` would move it
+against every mode that did not run, so the borrow cycle's overhead would read as a saving of
+each alternative, and the decision would switch to it on the strength of the overhead alone.
+The cost of that choice, written down: in an elastic run a mode whose own model is off learns it
+only from batches on a fixed pool; until then its error is shared with the other mode through
+``s``, and neither is ranked ahead for it.
 
 The factor applied is ``exp(x)`` clipped to ``[1 / MAX_FACTOR, MAX_FACTOR]``. ``Q``, ``R`` and the
 prior variance ``P0`` are modelling choices (below): a batch's makespan varies ~3-8 % from seed
@@ -156,7 +157,7 @@ class MakespanCorrection:
         """The loop after one batch that ran configurations ``(n_workers, n_prefill, dt_i,
         model_s_i)`` in turn: ``dt_i`` seconds of the batch under each, whose models' uncorrected
         makespan is ``model_s_i`` (module docstring: one configuration corrects its mode's term,
-        several both terms by ``nu``, ``w_i``); unchanged if a piece has no positive finite time
+        several the shared term by ``nu``, ``w_i``); unchanged if a piece has no positive finite time
         and makespan."""
         if not pieces or not all(math.isfinite(dt) and math.isfinite(m) and dt > 0 and m > 0
                                  for _n, _p, dt, m in pieces):
@@ -168,9 +169,9 @@ class MakespanCorrection:
         terms = {c: self._terms(*c) for c in done}
         if len(done) == 1:
             ((c, ratio),) = done.items()
-            kind, f, s_n, _m = terms[c]
-            out = self._drift(kind)._measure(kind, c[0], f, math.log(ratio) - s_n, R)
-        else:  # the pool changed: one innovation nu, split between each piece's two terms
+            kind, f, _s, _m = terms[c]
+            out = self._drift(kind)._measure(kind, c[0], f, math.log(ratio), R)
+        else:  # the pool changed: one innovation nu, taken by the shared term of each piece's budget
             corrected = {c: w / math.exp(terms[c][2] + terms[c][3]) for c, w in done.items()}
             phi = sum(corrected.values())
             nu = math.log(phi)
@@ -178,23 +179,13 @@ class MakespanCorrection:
             for kind in {terms[c][0] for c in done}:
                 out = out._drift(kind)
             for c, w in sorted(corrected.items(), key=lambda kv: -kv[1]):
-                kind, f, s_n, m_c = terms[c]
-                r = R * phi / w
-                p_s, p_m = out._variance("shared", c[0], 0.0), out._variance(kind, c[0], f)
-                out = out._measure("shared", c[0], 0.0, s_n + nu, r + p_m)  # each term's target: itself + nu
-                out = out._measure(kind, c[0], f, m_c + nu, r + p_s)
+                out = out._measure("shared", c[0], 0.0, terms[c][2] + nu, R * phi / w)
         return replace(out, batches=self.batches + 1)
 
     def _drift(self, kind: str) -> MakespanCorrection:
         """Every anchor of a set drifts by ``Q``: one batch has passed."""
         anchors: tuple[Anchor, ...] = getattr(self, kind)
         return self._with(kind, tuple((f, ln, x, p + Q, seen) for f, ln, x, p, seen in anchors))
-
-    def _variance(self, kind: str, n_workers: int, f: float) -> float:
-        """``P`` of the anchor at ``(f, N)`` of a set (a new one's: ``P0 + Q``)."""
-        ln = math.log2(max(n_workers, 1))
-        anchors: tuple[Anchor, ...] = getattr(self, kind)
-        return next((a[3] for a in anchors if abs(a[0] - f) < 1e-9 and abs(a[1] - ln) < 1e-9), P0 + Q)
 
     def _measure(self, kind: str, n_workers: int, f: float, z: float, r: float) -> MakespanCorrection:
         """One Kalman update of the anchor at ``(f, N)`` of a set (and its neighbours) by the
