@@ -28,7 +28,8 @@ transactions; pass ``synchronous="FULL"`` to pay one fsync per commit for that g
 Every statement runs on the journal's one writer thread, in submission order, so the event loop
 never waits on the disk: the runtime queues its writes (``post``) and awaits those it acknowledges
 (``commit``: an event's 202, a completed trajectory before ``on_trajectory_done``, a trained batch
-before ``publish`` returns). A write that fails with an operational error (disk full, I/O error,
+before ``publish`` returns); a task cancelled while it awaits ``commit`` leaves its write queued,
+and it lands all the same. A write that fails with an operational error (disk full, I/O error,
 a locked file) is retried with back-off, in order, and ``Journal.fault`` names the cause meanwhile
 (``/healthz`` and ``/v1/progress`` show it); the run goes on, its writes wait in memory, and they
 land, in order, once the disk takes them again.
