@@ -94,6 +94,13 @@ def _rho(df: npt.NDArray[np.float64], dn: npt.NDArray[np.float64]) -> npt.NDArra
     return out
 
 
+def _where(n_workers: int, n_prefill: int | None) -> tuple[str, float]:
+    """A configuration's anchor set and prefill fraction ``f`` (colocation: 0)."""
+    if n_prefill is None:
+        return "colocated", 0.0
+    return "split", n_prefill / max(n_workers, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class MakespanCorrection:
     """The anchors of the closed loop (module docstring): each mode's own term and the term both
@@ -122,8 +129,7 @@ class MakespanCorrection:
 
     def _terms(self, n_workers: int, n_prefill: int | None) -> tuple[str, float, float, float]:
         """A configuration's anchor set, prefill fraction and two terms ``s(N)``, ``m(c)``."""
-        kind = "colocated" if n_prefill is None else "split"
-        f = 0.0 if n_prefill is None else n_prefill / max(n_workers, 1)
+        kind, f = _where(n_workers, n_prefill)
         s_n = float(self._x("shared", float(n_workers), np.zeros(1))[0])
         return kind, f, s_n, float(self._x(kind, float(n_workers), np.array([f]))[0])
 
@@ -165,13 +171,12 @@ class MakespanCorrection:
         done: dict[tuple[int, int | None], float] = {}
         for n, n_p, dt, m in pieces:
             done[(n, n_p)] = done.get((n, n_p), 0.0) + dt / m
-        # each configuration's terms before this batch: (kind, f, s(N), m(c))
-        terms = {c: self._terms(*c) for c in done}
         if len(done) == 1:
             ((c, ratio),) = done.items()
-            kind, f, _s, _m = terms[c]
+            kind, f = _where(*c)
             out = self._drift(kind)._measure(kind, c[0], f, math.log(ratio), R)
         else:  # the pool changed: one innovation nu, taken by the shared term of each piece's budget
+            terms = {c: self._terms(*c) for c in done}  # (kind, f, s(N), m(c)) before this batch
             corrected = {c: w / math.exp(terms[c][2] + terms[c][3]) for c, w in done.items()}
             phi = sum(corrected.values())
             nu = math.log(phi)

@@ -63,6 +63,11 @@ def test_a_pool_change_corrects_the_shared_term_and_a_fixed_pool_its_mode() -> N
         assert 1.05 < cycle.factor(n) < 1.11
         for p in (1, n // 3, n - 1):
             assert cycle.factor(n, p) == cycle.factor(n)
+    # and, cycle after cycle, the shared term settles on the overrun itself
+    settled = cycle
+    for _ in range(16):
+        settled = settled.observe_pieces([(32, None, 110.0, 200.0), (16, None, 165.0, 300.0)])
+    assert settled.factor(16) == pytest.approx(1.1, abs=0.002) and settled.factor(32) == pytest.approx(1.1, abs=0.002)
     # after them, a split's batch on a fixed pool measures its own model: at its model, its own
     # term stays at nought; 20 % over it, its own term learns that and colocation's stays
     at_model = cycle.observe(16, 5, 100.0, 100.0)
