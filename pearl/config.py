@@ -232,6 +232,10 @@ class PolicySpec(_Strict):
     max_prefill_utilization: float = Field(default=0.95, gt=0, le=1, description="prefill pool feasibility cap")
     gate_enabled: bool = True
     gate_margin: float = Field(default=1.0, ge=0, description="saving must exceed margin * cost")
+    weigh_pool_schedule: bool = Field(
+        default=True, description="a mode or ratio switch must also clear its threshold over the pool changes "
+        "known to come within the batch (a training step's GPUs coming back, a reclaim, an expansion), else the "
+        "allocation in force is kept (pearl/core/outlook.py hold_for_schedule)")
     cost_ema_alpha: float = Field(default=0.3, gt=0, le=1, description="EMA weight of a new cost sample")
     shrink_margin_s: float = Field(
         default=5.0, ge=0, description="a reclaim's shrink starts at least this long before its deadline; "

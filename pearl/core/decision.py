@@ -104,7 +104,8 @@ from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
 __all__ = ["Allocation", "Candidate", "CandidateTable", "Decision", "DecisionError", "DecisionPolicy", "Mode", "SplitsFn",
-           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "model_makespan", "project"]
+           "TableFn", "decide", "evaluate", "evaluate_table", "mode_change_s", "model_makespan", "project",
+           "switch_threshold"]
 
 
 #: how far (relative) past the decode step's fitted range a candidate may run before it is
@@ -534,9 +535,24 @@ def decide(
                                          f"({cur.makespan_s:.1f} s)" + (" (rescaled to the new budget)" if changed else ""))
     saving = (cur.makespan_s - best.makespan_s) / cur.makespan_s if cur.makespan_s > 0 else 0.0
     mode_change = best.allocation.mode is not cur.allocation.mode
-    if mode_change:
-        charge = mode_change_s(n_workers, batch, hw, wl, policy.role_switch_s) / cur.makespan_s \
-            if cur.makespan_s > 0 else 0.0
+    threshold, why = switch_threshold(cur, best, cur.makespan_s, n_workers, batch, hw, wl, policy)
+    if saving > threshold:
+        return done(best, True, False, f"switch {'mode' if mode_change else 'ratio'} {cur.allocation.label} -> "
+                                       f"{best.allocation.label}: predicted saving {saving:.1%} > {why}")
+    changed = proj != current
+    return done(cur, changed, False, f"hold {cur.allocation.label}: {best.allocation.label} would save only "
+                                     f"{saving:.1%} <= {why}")
+
+
+def switch_threshold(cur: Candidate, best: Candidate, makespan_s: float, n_workers: int, batch: int,
+                     hw: HardwareProfile, wl: WorkloadProfile, policy: DecisionPolicy) -> tuple[float, str]:
+    """The saving a switch from ``cur`` to ``best`` must exceed (module docstring, 4., 8., 10.) and
+    its wording: ``mode_switch_threshold + T_mode / M`` for a change of mode (``M`` =
+    ``makespan_s``, the makespan the switch is weighed against), ``ratio_switch_threshold``
+    otherwise; plus ``EXTRAPOLATION_MARGIN`` when only ``best`` is extrapolated and
+    ``UNCONVERGED_MARGIN`` when only ``best``'s fixed point did not converge."""
+    if best.allocation.mode is not cur.allocation.mode:
+        charge = mode_change_s(n_workers, batch, hw, wl, policy.role_switch_s) / makespan_s if makespan_s > 0 else 0.0
         threshold = policy.mode_switch_threshold + charge
         why = f"mode threshold {threshold:.1%} ({policy.mode_switch_threshold:.1%} + switch cost {charge:.1%})"
     else:
@@ -548,12 +564,7 @@ def decide(
     if not best.converged and cur.converged:
         threshold += UNCONVERGED_MARGIN
         why += f" + {UNCONVERGED_MARGIN:.1%}: {best.allocation.label}'s fixed point did not converge"
-    if saving > threshold:
-        return done(best, True, False, f"switch {'mode' if mode_change else 'ratio'} {cur.allocation.label} -> "
-                                       f"{best.allocation.label}: predicted saving {saving:.1%} > {why}")
-    changed = proj != current
-    return done(cur, changed, False, f"hold {cur.allocation.label}: {best.allocation.label} would save only "
-                                     f"{saving:.1%} <= {why}")
+    return threshold, why
 
 
 def _no_valid_prediction(table: CandidateTable, current: Allocation | None, policy: DecisionPolicy,

@@ -12,6 +12,10 @@ holds (live workers on it plus free TP groups). The target is decided once, in t
 1. ``decision.decide(N, B, hw, wl, policy, current)``: the best allocation with hysteresis
    against the one in force;
 2. ``override.apply_overrides``: ``allocation_overrides[N]``, then ``force_disaggregation``;
+2b. ``outlook.hold_for_schedule``: a switch is weighed again over the pool changes known to come
+   within the batch (a running training step's overlap GPUs coming back, a reclaim, an expansion;
+   at a batch boundary the lent GPUs the step takes back), and the allocation in force (projected
+   onto ``N``) is kept unless the switch still clears its threshold;
 3. the plan for that target (``planner.plan``: minimal-change steps), whose re-roled serving
    workers ``k`` of the ``n`` serving on ``G`` are the switch's cost;
 4. ``outlook.hold_switch`` with ``stalled_fraction = k / n``: a switch that cannot pay back
@@ -47,7 +51,7 @@ from typing import Protocol
 
 from pearl.core.decision import Allocation, Decision, DecisionPolicy, project
 from pearl.core.gate import CostModel, GateDecision, borrow_gate, expansion_gate
-from pearl.core.outlook import PoolOutlook, SwitchHold, hold_switch, remaining_s
+from pearl.core.outlook import PoolOutlook, ScheduleHold, SwitchHold, hold_for_schedule, hold_switch, remaining_s
 from pearl.core.planner import Plan, PlanError, StepKind, free_groups, plan
 from pearl.core.state import ClusterState, Role, WorkerStatus, Zone
 from pearl.core.telemetry import Mode
@@ -110,28 +114,33 @@ def active_steps(state: ClusterState, p: Plan, *kinds: StepKind) -> set[str]:
 @dataclass(frozen=True, slots=True)
 class ReplanStep:
     """``replan_step``'s answer: the ``decision`` to act on, its ``plan``, the switch gate's answer
-    (``switch.decision is decision``) and the ``wish``: the decision before the hold (steps 1-2)."""
+    (``switch.decision is decision``), the ``wish``: the decision before the holds (steps 1-2), and
+    the ``schedule`` hold's answer (step 2b)."""
 
     decision: Decision
     plan: Plan
     switch: SwitchHold
     wish: Decision
+    schedule: ScheduleHold
 
 
 def replan_step(o: PoolOutlook, state: ClusterState, budget: frozenset[str], tp_size: int,
                 batch_boundary: bool) -> ReplanStep:
-    """Decide, override, plan and hold on ``budget`` (module docstring, steps 1-4).
-    ``batch_boundary``: a rollout batch has just ended (``outlook.hold_s``). Raises
-    ``DecisionError`` / ``PlanError`` when no allocation or plan exists."""
+    """Decide, override, hold over the batch's pool schedule, plan and hold on ``budget`` (module
+    docstring, steps 1-4). ``batch_boundary``: a rollout batch has just ended, so a training step
+    starts now (``outlook.hold_s``; the schedule's ``trainer_waits``). Raises ``DecisionError`` /
+    ``PlanError`` when no allocation or plan exists."""
     wish = o.decider.decide(slots(state, budget, tp_size), o.allocation)
-    p = plan(state, wish.target, budget, tp_size)
+    sched = hold_for_schedule(o, wish, batch_boundary)
+    d = sched.decision
+    p = plan(state, d.target, budget, tp_size)
     serving = sum(1 for wk in state.workers.values()
                   if wk.status is WorkerStatus.ACTIVE and all(g in budget for g in wk.gpus))
     roled = active_steps(state, p, StepKind.CHANGE_ROLE)
-    held = hold_switch(o, wish, batch_boundary, len(roled) / max(serving, 1))
-    if held.decision is not wish:
+    held = hold_switch(o, d, batch_boundary, len(roled) / max(serving, 1))
+    if held.decision is not d:
         p = plan(state, held.decision.target, budget, tp_size)
-    return ReplanStep(held.decision, p, held, wish)
+    return ReplanStep(held.decision, p, held, wish, sched)
 
 
 def switch_kind(current: Allocation | None, target: Allocation, policy: DecisionPolicy) -> str | None:

@@ -141,6 +141,7 @@ class GateOutcome(StrEnum):
     BATCH_ENDS_FIRST = "batch_ends_first"    # borrow: R <= c_a
     LIFETIME_TOO_SHORT = "lifetime_too_short"  # expansion: T_life <= c_p + c_f
     SAVING_BELOW_COST = "saving_below_cost"  # saving <= margin x cost
+    SAVING_BELOW_THRESHOLD = "saving_below_threshold"  # schedule hold: saving over the batch <= threshold
 
 
 @dataclass(frozen=True, slots=True)

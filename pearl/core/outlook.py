@@ -29,6 +29,9 @@ Known pool changes (``pool_changes``; offsets from now, in time order):
 * lent overlap GPUs, when the trainer has a batch waiting (``trainer_waits``): the trainer starts
   now, so their ``N_o`` workers leave after ``d_ret`` and, the step done, come back ``d_act``
   after it (``-N_o`` at ``d_ret``, ``+N_o`` at ``d_ret + T + d_act``, the regrowth);
+* overlap GPUs a running training step holds (``returning_workers`` = ``N_r``): they come back
+  ``d_act`` after the step ends (``+N_r`` at ``max(t_0 + T - now, 0) + d_act``, ``t_0`` the step's
+  start; a regrowth too);
 * a pending reclaim notice: the serving workers on its GPUs leave when its shrink starts
   (``deadline - shrink_margin_s``);
 * an expansion group in preparation: its members join at ``started_at + t_prep + t_final``
@@ -42,7 +45,7 @@ Known pool changes (``pool_changes``; offsets from now, in time order):
 Public names: ``PoolOutlook``, ``TrainerView``, ``Reclaim``, ``Expansion``, ``PoolChange``, ``Segment``,
 ``lent_leaving``, ``pool_changes``, ``pool_schedule``, ``regrowth_admitted``, ``sync_stall``,
 ``batch_forecast``, ``batch_pieces``, ``speeds_since``, ``remaining_s``, ``hold_s``, ``SwitchHold``,
-``hold_switch``.
+``hold_switch``, ``ScheduleHold``, ``hold_for_schedule``.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from pearl.core.decision import Allocation, Decision, Mode, project
-from pearl.core.gate import CostModel, GateDecision, borrow_gate, switch_gate
+from pearl.core.decision import Allocation, Decision, Mode, project, switch_threshold
+from pearl.core.gate import CostModel, GateDecision, GateOutcome, borrow_gate, switch_gate
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
 from pearl.core.override import Decider
 
@@ -131,7 +134,9 @@ class PoolOutlook:
 
     ``decider``: the decision with overrides on the current profiles; ``decision`` the one in
     force and ``allocation`` the incumbent (None before the first); ``lent_workers`` = ``N_o``, the
-    workers lent overlap GPUs hold (0 when nothing is lent); ``trainer``: what was observed of the
+    workers lent overlap GPUs hold (0 when nothing is lent); ``returning_workers`` = ``N_r``, the
+    workers the overlap GPUs hold that a running training step has taken back and may lend again
+    when it ends (0 when no step runs or nothing is ever lent); ``trainer``: what was observed of the
     training steps (``TrainerView``); ``reclaims`` / ``expansions``: the pending notices and
     groups; ``shrink_margin_s``: a shrink starts this long before its deadline;
     ``placement_slack`` = ``s``, the load slack the router keeps (``Router.placement_slack``);
@@ -145,6 +150,7 @@ class PoolOutlook:
     decision: Decision | None = None
     allocation: Allocation | None = None
     lent_workers: int = 0
+    returning_workers: int = 0
     trainer: TrainerView = TrainerView(0.0)
     reclaims: tuple[Reclaim, ...] = ()
     expansions: tuple[Expansion, ...] = ()
@@ -178,6 +184,9 @@ def pool_changes(o: PoolOutlook, trainer_waits: bool, n: int) -> list[PoolChange
     if trainer_waits and n_o:
         d_ret, d_act = o.costs.deactivation_s, o.costs.activation_s
         out += [PoolChange(d_ret, -n_o, False), PoolChange(d_ret + o.trainer.step_s + d_act, n_o, True)]
+    if o.returning_workers > 0 and o.trainer.running and o.trainer.since is not None:
+        left = max(o.trainer.since + o.trainer.step_s - o.now, 0.0)
+        out.append(PoolChange(left + o.costs.activation_s, o.returning_workers, True))
     noticed: set[str] = set()
     for r in o.reclaims:
         noticed |= r.gpus
@@ -217,10 +226,11 @@ def pool_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> tuple[flo
     workers).
 
     The known changes are applied in time order to ``N``; the regrowth only if
-    ``regrowth_admitted``. Segment ``i``'s makespan is the fresh makespan ``M(n_i)``, except for a
-    pool that grows past ``n_low`` (the fewest workers the batch has had so far, which hold its
-    in-flight trajectories): there the decision on ``n_i`` against the incumbent, and when that is
-    colocated the placed makespan ``M_coloc(n_eff)``, ``n_eff = sticky_pool(B, n_low, n_i, s)``
+    ``regrowth_admitted``. Segment ``i``'s makespan is the decided makespan on ``n_i`` against the
+    allocation in force then (``d.target``, then each segment's decision: the runtime re-plans at
+    each pool change with hysteresis), except for a colocated pool that grows past ``n_low`` (the
+    fewest workers the batch has had so far, which hold its in-flight trajectories): there the
+    placed makespan ``M_coloc(n_eff)``, ``n_eff = sticky_pool(B, n_low, n_i, s)``
     (rounded, within ``[1, n_i]``). Modelling choices: a P:D pool change is used evenly (decode
     workers are picked by least load); progress is linear in time within each allocation.
     ``math.inf`` when the pool empties mid-batch (nothing serves it until a grant); ``M_cur`` alone
@@ -231,21 +241,19 @@ def pool_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> tuple[flo
     changes = pool_changes(o, trainer_waits, n)
     if not changes:
         return m_cur, tuple(segments)
-    n_now, n_low = n, n
+    n_now, n_low, cur = n, n, d.target
     for t, delta, regrow in changes:
         if regrow and not regrowth_admitted(o, _schedule(segments), t, n_now, n_now + delta):
             continue
         n_now += delta
         if n_now < 1:
             return math.inf, tuple(segments)
-        if n_now > n_low:
-            back = o.decider.decide(n_now, o.allocation)  # the incumbent keeps its hysteresis
-            m = back.predicted_makespan_s
-            if back.target.mode is Mode.COLOCATED and back.colocated_curve:
-                n_eff = sticky_pool(float(d.batch), float(n_low), float(n_now), o.placement_slack)
-                m = back.colocated_curve[max(min(round(n_eff), n_now), 1) - 1]
-        else:
-            m = o.decider.fresh_makespan(n_now)
+        back = o.decider.decide(n_now, cur)  # the allocation in force keeps its hysteresis
+        m = back.predicted_makespan_s
+        if n_now > n_low and back.target.mode is Mode.COLOCATED and back.colocated_curve:
+            n_eff = sticky_pool(float(d.batch), float(n_low), float(n_now), o.placement_slack)
+            m = back.colocated_curve[max(min(round(n_eff), n_now), 1) - 1]
+        cur = back.target
         n_low = min(n_low, n_now)
         if not (math.isfinite(m) and m > 0):
             return m_cur, tuple(segments[:1])
@@ -425,3 +433,72 @@ def hold_switch(o: PoolOutlook, d: Decision, batch_boundary: bool, stalled_fract
     held = replace(d, target=proj, predicted_makespan_s=m_cur, switched=proj != cur,
                    reason=f"hold {proj.label}: {d.target.label} declined by the switch gate ({gate.reason})")
     return SwitchHold(held, gate, proj)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleHold:
+    """``hold_for_schedule``'s answer: the ``decision`` to act on and, when the switch was weighed
+    (``weighed``), the composed makespans ``M_hat`` of the incumbent's projection (``old_s``) and
+    of the switch's target (``new_s``), the ``saving`` and the ``threshold`` it had to exceed."""
+
+    decision: Decision
+    weighed: bool = False
+    old_s: float = math.nan
+    new_s: float = math.nan
+    saving: float = math.nan
+    threshold: float = math.nan
+
+    @property
+    def held(self) -> bool:
+        return self.weighed and not self.saving > self.threshold
+
+    def to_dict(self) -> dict[str, object]:
+        outcome = GateOutcome.SAVING_BELOW_THRESHOLD if self.held else GateOutcome.ADMITTED
+        return {"admit": not self.held, "outcome": outcome.value,
+                "old_s": round(self.old_s, 3), "new_s": round(self.new_s, 3), "saving": round(self.saving, 4),
+                "threshold": round(self.threshold, 4), "reason": self.decision.reason}
+
+
+def hold_for_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> ScheduleHold:
+    """Weigh a mode or ratio switch over the pool changes known to come within the batch.
+
+    ``decide`` compares candidates on today's budget ``N``; a batch whose pool is known to change
+    (``pool_changes``: a running training step's overlap GPUs coming back, a reclaim, an expansion)
+    runs its later part on another budget, where the ranking may be reversed. With ``P`` the
+    allocation in force projected onto ``N`` and ``T`` = ``d.target``::
+
+        M_hat(a) = pool_schedule(o, d with target a and a's predicted makespan, trainer_waits)
+        saving   = (M_hat(P) - M_hat(T)) / M_hat(P)
+
+    The switch stands only if ``saving`` exceeds the threshold ``decide`` applied between the two
+    (``decision.switch_threshold``, its switch cost weighed against ``M_hat(P)``); else ``P`` is
+    kept. Modelling choice: only the incumbent is weighed against the chosen target (this holds a
+    switch, it never starts one). ``d`` unchanged and not weighed: no allocation in force, no
+    switch, a forced switch, the policy's ``weigh_pool_schedule`` off, an override
+    (``allocation_overrides``, ``force_disaggregation``), a
+    projection that is not a feasible candidate, no pool change known, or a composed makespan that
+    is not a positive number."""
+    cur, policy = o.allocation, o.decider.policy
+    if (not policy.weigh_pool_schedule or cur is None or not d.switched or d.forced
+            or d.n_workers in policy.allocation_overrides or policy.force_disaggregation):
+        return ScheduleHold(d)
+    proj = project(cur, d.n_workers, policy)
+    i_old, i_new = d.table.index_of(proj), d.table.index_of(d.target)
+    if d.target == proj or i_old is None or i_new is None or not pool_changes(o, trainer_waits, d.n_workers):
+        return ScheduleHold(d)
+    c_old, c_new = d.table.candidate(i_old), d.table.candidate(i_new)
+    if not c_old.feasible:
+        return ScheduleHold(d)
+    kept = replace(d, target=proj, predicted_makespan_s=c_old.makespan_s, switched=proj != cur)
+    new_s, _ = pool_schedule(o, d, trainer_waits)
+    old_s, _ = pool_schedule(o, kept, trainer_waits)
+    if not all(math.isfinite(m) and m > 0 for m in (new_s, old_s)):
+        return ScheduleHold(d)
+    saving = (old_s - new_s) / old_s
+    threshold, why = switch_threshold(c_old, c_new, old_s, d.n_workers, d.batch, d.hw, d.wl, policy) \
+        if d.hw is not None and d.wl is not None else (policy.ratio_switch_threshold, "ratio threshold")
+    if saving > threshold:
+        return ScheduleHold(d, True, old_s, new_s, saving, threshold)
+    held = replace(kept, reason=f"hold {proj.label}: {d.target.label} would save only {saving:.1%} over the "
+                                f"batch's known pool changes ({old_s:.1f} s -> {new_s:.1f} s) <= {why}")
+    return ScheduleHold(held, True, old_s, new_s, saving, threshold)

@@ -1,7 +1,7 @@
 """The decision a run acts on: the decision engine's choice, then the policy's overrides and holds.
 
 ``decision.decide`` chooses the best allocation for a budget with hysteresis against the one in
-force. A run may overrule it in three ways, applied here in this order:
+force. A run may overrule it in four ways, applied in this order (the first two here):
 
 ========================  ========================================================================
 rule                      effect
@@ -11,6 +11,9 @@ rule                      effect
                           (NaN when the table has no such candidate); ``forced`` is cleared
 ``force_disaggregation``  a colocated target becomes the feasible split with the lowest predicted
                           makespan (colocation stays when no split is feasible)
+schedule hold             ``outlook.hold_for_schedule`` (``weigh_pool_schedule``): a mode or ratio
+                          switch whose saving over the pool changes known within the batch does
+                          not clear its threshold keeps the current allocation, projected
 switch hold               ``outlook.hold_switch``: a mode or ratio switch whose saving cannot pay
                           back before the budget is known to shrink keeps the current allocation,
                           projected onto the budget (``gate.switch_gate``)
@@ -38,6 +41,8 @@ class OverridePolicy(DecisionPolicy, Protocol):
 
     @property
     def gate_enabled(self) -> bool: ...
+    @property
+    def weigh_pool_schedule(self) -> bool: ...
     @property
     def gate_margin(self) -> float: ...
     @property

@@ -350,6 +350,9 @@ class ElasticScheduler:
             now=self.clock.now(), decider=self.decider(), costs=self.costs, decision=self.decision,
             allocation=self.allocation,
             lent_workers=len(self.toggle.overlap_gpus()) // max(tp, 1) if self.toggle.borrowed else 0,
+            returning_workers=(len(self.toggle.overlap_gpus()) // max(tp, 1)
+                               if self.trainer.running and self.policy.borrow_enabled and not self.toggle.borrowed
+                               else 0),
             trainer=self.trainer, reclaims=reclaims, expansions=expansions,
             shrink_margin_s=self.book.lead_s,
             placement_slack=float(self.pipeline.router.placement_slack(self.tracker.hardware, self.tracker.workload)),
@@ -424,7 +427,15 @@ class ElasticScheduler:
         return out if len(out) == self.allocation_changes - changes else None
 
     def _log_switch(self, step: ReplanStep) -> None:
-        """Log the switch gate when ``replan_step`` evaluated one."""
+        """Log the schedule hold and the switch gate when ``replan_step`` evaluated them."""
+        sched = step.schedule
+        if sched.weighed:
+            self.gate_log.append({"t": self.clock.now(), "kind": "schedule",
+                                  "from": self.allocation.label if self.allocation is not None else "",
+                                  "to": step.wish.target.label, **sched.to_dict()})
+            if sched.held:
+                self._log("switch_declined", current=sched.decision.target.label, target=step.wish.target.label,
+                          schedule=sched.to_dict())
         held, to = step.switch, step.wish.target.label
         if held.gate is None or held.projected is None:
             return

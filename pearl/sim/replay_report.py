@@ -204,9 +204,12 @@ def write_report(result: Mapping[str, Any], out_dir: str | Path) -> Path:
         md.append(f"- **{name}**: {kinds}")
     gated = {n: s["gates"] for n, s in result["systems"].items() if s.get("gates")}
     if gated:
-        md += ["", "## Gate decisions (borrow: idle training GPUs; expansion: granted preemptible GPUs)", "",
+        md += ["", "## Gate decisions (borrow: idle training GPUs; expansion: granted preemptible GPUs; switch: a "
+               "mode or ratio switch before a known shrink; schedule: a switch weighed over the batch's pool "
+               "changes)", "",
                "Outcomes (`pearl/core/gate.py` `GateOutcome`): admitted, ungated (gate off), "
-               "saving_below_cost, window_too_short, batch_ends_first, lifetime_too_short, no_speedup.", ""]
+               "saving_below_cost, saving_below_threshold, window_too_short, batch_ends_first, lifetime_too_short, "
+               "no_speedup.", ""]
         for name, gates in gated.items():
             parts = [f"{kind} " + ", ".join(f"{o}: {n}" for o, n in per.items()) for kind, per in gates.items()]
             md.append(f"- **{name}**: " + "; ".join(parts))

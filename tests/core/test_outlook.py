@@ -19,6 +19,7 @@ from pearl.core.outlook import (
     Segment,
     TrainerView,
     batch_forecast,
+    hold_for_schedule,
     hold_s,
     hold_switch,
     lent_leaving,
@@ -91,7 +92,7 @@ def test_a_reclaim_slows_the_rest_of_the_batch_to_the_smaller_pool(decider: Deci
     o = _outlook(decider, reclaims=(Reclaim(1100.0, frozenset({"p0"}), 1),))
     d = o.decision
     assert d is not None
-    m4, m3 = d.predicted_makespan_s, decider.fresh_makespan(3)
+    m4, m3 = d.predicted_makespan_s, decider.decide(3, d.target).predicted_makespan_s  # against the one in force
     m_hat, segments = pool_schedule(o, d, False)
     assert segments == (Segment(0.0, m4, 4), Segment(95.0, m3, 3))
     assert m4 > 95.0 and m_hat == pytest.approx(95.0 + (1.0 - 95.0 / m4) * m3)  # linear progress
@@ -140,7 +141,9 @@ def test_a_regrowth_the_borrow_gate_would_decline_is_left_out(decider: Decider, 
     schedule = [(0.0, d.predicted_makespan_s), (4.0, gated.fresh_makespan(2))]
     assert not regrowth_admitted(o, schedule, 110.0, 2, 4)
     _m_hat, segments = pool_schedule(o, d, True)
-    assert segments == (Segment(0.0, d.predicted_makespan_s, 4), Segment(4.0, gated.fresh_makespan(2), 2))
+    # the smaller pool keeps the allocation in force (projected) within the hysteresis
+    assert segments == (Segment(0.0, d.predicted_makespan_s, 4),
+                        Segment(4.0, gated.decide(2, d.target).predicted_makespan_s, 2))
     # with the trainer's window unknown the gate weighs the batch's remaining time and lends again
     open_window = replace(o, trainer=TrainerView(100.0))
     assert regrowth_admitted(open_window, schedule, 110.0, 2, 4)
@@ -233,6 +236,49 @@ def test_a_switch_the_lent_gpus_would_end_is_held(decider: Decider, cfg8b: RunCo
     assert hold_switch(replace(o, allocation=None), wish, True, 1.0).decision is wish
     scheduled = replace(o, decider=replace(dec, policy=policy.model_copy(update={"allocation_overrides": {4: "2P2D"}})))
     assert hold_switch(scheduled, wish, True, 1.0).decision is wish
+
+
+def test_a_running_steps_overlap_workers_come_back_after_it(decider: Decider) -> None:
+    running = TrainerView(100.0, 1, running=True, since=950.0)
+    o = _outlook(decider, returning_workers=2, trainer=running)
+    assert pool_changes(o, False, 4) == [PoolChange(100.0 - 50.0 + COSTS.activation_s, 2, True)]
+    overdue = replace(o, now=1100.0)  # the step is past its expected end: back after d_act
+    assert pool_changes(overdue, False, 4) == [PoolChange(COSTS.activation_s, 2, True)]
+    assert pool_changes(replace(o, trainer=TrainerView(100.0)), False, 4) == []  # no step runs
+
+
+def test_a_switch_the_returning_workers_would_reverse_is_held(decider: Decider, cfg8b: RunConfig) -> None:
+    """The wish: a split 20 % faster than colocation on today's 4 workers. A running training
+    step holds 4 overlap workers that come back when it ends; on 8 workers colocation is the best
+    and the split's projection is slower, so weighed over the batch the switch saves nothing."""
+    coloc = Allocation.colocated(4)
+
+    def training_since(since: float) -> PoolOutlook:
+        return _outlook(decider, allocation=coloc, returning_workers=4,
+                        trainer=TrainerView(100.0, 1, running=True, since=since))
+
+    soon = training_since(900.0)  # the step ends now: the workers are back after d_act
+    wish = _split_wish(decider, soon)
+    got = hold_for_schedule(soon, wish, False)
+    kept = replace(wish, target=coloc, predicted_makespan_s=wish.table.candidate(0).makespan_s)
+    old_s, new_s = pool_schedule(soon, kept, False)[0], pool_schedule(soon, wish, False)[0]
+    assert got.weighed and got.held and (got.old_s, got.new_s) == (old_s, new_s)
+    assert got.saving == pytest.approx((old_s - new_s) / old_s) and not got.saving > got.threshold
+    assert got.decision.target == coloc and got.decision.predicted_makespan_s == kept.predicted_makespan_s
+    assert got.decision.reason.startswith("hold coloc: 2P2D would save only")
+    assert got.to_dict()["outcome"] == "saving_below_threshold"
+    # the step ends late in the batch: most of it runs on 4 workers and the switch stands
+    late = training_since(1000.0)
+    stands = hold_for_schedule(late, _split_wish(decider, late), False)
+    assert stands.weighed and not stands.held and stands.decision.target == Allocation.disaggregated(2, 2)
+    assert stands.saving > stands.threshold and stands.to_dict()["outcome"] == "admitted"
+    # not weighed: no pool change known, a forced switch, no allocation in force, the policy's knob off
+    assert not hold_for_schedule(replace(soon, returning_workers=0), wish, False).weighed
+    forced = replace(wish, forced=True)
+    assert hold_for_schedule(soon, forced, False).decision is forced
+    assert hold_for_schedule(replace(soon, allocation=None), wish, False).decision is wish
+    off = replace(soon, decider=replace(decider, policy=cfg8b.policy.model_copy(update={"weigh_pool_schedule": False})))
+    assert hold_for_schedule(off, wish, False).decision is wish
 
 
 # ---------------------------------------------------------------------------------- overrides

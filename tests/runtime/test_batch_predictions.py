@@ -187,7 +187,8 @@ def test_batch_start_prediction_composes_known_reclaims_and_expansions() -> None
         await ctl.submit(ReclaimNotice(("p1",), deadline=now + 100.0, notice_id="n1", event_id="rc1"))
         await el.idle()
         got_notice = el.batch_forecast(trainer_waits=False)
-        want_notice = compose_makespan([(0.0, m4), (100.0 - el.shrink_margin_s, el.decider().fresh_makespan(3))])
+        on3 = el.decider().decide(3, el.allocation).predicted_makespan_s  # the allocation in force, on 3
+        want_notice = compose_makespan([(0.0, m4), (100.0 - el.shrink_margin_s, on3)])
 
         # a grant of two more GPUs while the notice is pending: an expansion group starts preparing
         await ctl.submit(GpusGranted(tuple(GrantedGpu(g, "pn1", "i-2") for g in ("p2", "p3")), event_id="g2"))

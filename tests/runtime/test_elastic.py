@@ -13,7 +13,7 @@ import pytest
 from pearl.config import RunConfig
 from pearl.core.decision import Allocation, Decision, Mode
 from pearl.core.events import GpusGranted, GrantedGpu, NoticeCancelled, ReclaimNotice, TrainingFinished, TrainingStarted
-from pearl.core.outlook import Expansion, Reclaim, hold_s, pool_changes
+from pearl.core.outlook import Expansion, PoolChange, Reclaim, hold_s, pool_changes
 from pearl.core.override import Decider
 from pearl.core.planner import StepKind
 from pearl.core.state import ClusterState, Gpu, WorkerStatus, Zone
@@ -138,7 +138,9 @@ def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> No
         el, _r = _scheduler(clock)
         await _started(el)
         await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
-        await clock.sleep(60.0)
+        await clock.sleep(20.0)
+        training = el.outlook()  # the step holds t0, t1: they come back when it ends
+        await clock.sleep(40.0)
         await el.submit(TrainingFinished(1, 1, expected_idle_s=300.0, event_id="tf1"), wait=True)  # lends t0, t1
         lent = el.outlook()
         await el.submit(_grant("p0", "p1", eid="g1"), wait=True)  # an expansion starts preparing
@@ -147,9 +149,13 @@ def test_the_outlook_holds_the_lent_gpus_notices_and_expansions_it_knows() -> No
         o = el.outlook()
         changes = pool_changes(o, True, 6)
         await el.close()
-        return el, lent, o, now, changes
+        return el, training, lent, o, now, changes
 
-    el, lent, o, now, changes = run_virtual(main())
+    el, training, lent, o, now, changes = run_virtual(main())
+    assert training.lent_workers == 0 and training.returning_workers == 2 and training.trainer.running
+    assert pool_changes(training, False, 2) == [
+        PoolChange(100.0 - 20.0 + training.costs.activation_s, 2, True)]  # T - elapsed + d_act
+    assert lent.returning_workers == 0
     assert el.trainer.step_s == 100.0 + 0.5 * (60.0 - 100.0)  # EMA of the 60-s span
     assert lent.lent_workers == 2 and lent.trainer.idle_window_s == 300.0 and lent.trainer.steps_seen == 1
     assert lent.decision is not None and lent.decision.n_workers == 4
@@ -270,7 +276,8 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
     that includes them cannot pay back and is held (``outlook.hold_switch``, ``gate.switch_gate``).
     Without lent GPUs the budget holds and the same wish is carried out. The decision is steered
     here (colocation until the test asks, then a split predicted 20 % faster) so that the test
-    does not depend on the profiles."""
+    does not depend on the profiles; the schedule hold, which weighs the same wish over the smaller
+    pool the return leaves, is off so that the switch gate alone is seen."""
     want = {"split": False}
 
     class Steered(Decider):
@@ -288,7 +295,7 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
 
     async def main():
         clock = LoopClock()
-        el, r = _scheduler(clock, _cfg(**{"policy.gate_enabled": True}))
+        el, r = _scheduler(clock, _cfg(**{"policy.gate_enabled": True, "policy.weigh_pool_schedule": False}))
         el.decider = lambda: Steered(el.cfg.workload.batch_size, el.tracker.hardware, el.tracker.workload,
                                      el.policy)
         await _started(el)

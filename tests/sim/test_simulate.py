@@ -116,7 +116,7 @@ def test_gate_decisions_are_counted_per_gate_and_outcome(result: dict[str, Any])
     assert set(rlb["borrow"]) <= {"ungated", "no_speedup", "window_too_short", "batch_ends_first"}
     assert rlb["borrow"].get("ungated", 0) == result["systems"]["rlboost+"]["reconfigurations"]["borrow"]
     pearl = result["systems"]["pearl"]
-    assert set(pearl["gates"]) <= {"borrow", "expansion", "switch"} and "borrow" in pearl["gates"]
+    assert set(pearl["gates"]) <= {"borrow", "expansion", "switch", "schedule"} and "borrow" in pearl["gates"]
     for per in pearl["gates"].values():
         assert set(per) <= names and "ungated" not in per
     assert pearl["gates"]["borrow"].get("admitted", 0) == pearl["reconfigurations"].get("borrow", 0)
