@@ -328,6 +328,55 @@ def test_switch_gate_holds_a_switch_that_the_lent_gpus_would_end() -> None:
     assert alloc2 == Allocation.disaggregated(1, 1) and gates2 == gates
 
 
+def test_a_switch_on_the_pool_a_training_step_leaves_is_weighed_over_its_return() -> None:
+    """While a training step holds the overlap GPUs the pool is the 2 reserved workers; the step
+    gives 2 workers back ``d_act`` after its expected end. A split steered to be 20 % faster on 2
+    workers, and no better than colocation on 4, is weighed over that schedule and held
+    (``outlook.hold_for_schedule``): a ``schedule`` gate entry and ``switch_declined`` in the
+    history. With ``weigh_pool_schedule`` off the same wish switches."""
+    want = {"split": False}
+
+    class Steered(Decider):
+        def decide(self, n: int, current: Allocation | None) -> Decision:
+            d = Decider.decide(self, n, current)
+            co = d.table.candidate(0)
+            if want["split"] and n == 2 and current is not None and current.mode is Mode.COLOCATED:
+                return replace(d, target=Allocation.disaggregated(1, 1), switched=True, forced=False,
+                               predicted_makespan_s=co.makespan_s / 1.2, reason="test: a split 20 % faster")
+            return replace(d, target=co.allocation, predicted_makespan_s=co.makespan_s,
+                           switched=current != co.allocation, forced=False, reason="test: colocation")
+
+    async def main(weigh: bool):
+        clock = LoopClock()
+        el, r = _scheduler(clock, _cfg(**{"policy.weigh_pool_schedule": weigh}))
+        el.decider = lambda: Steered(el.cfg.workload.batch_size, el.tracker.hardware, el.tracker.workload,
+                                     el.policy)
+        await _started(el)
+        batch = asyncio.ensure_future(r.pipeline.run_batch(0))
+        await el.submit(TrainingStarted(1, event_id="ts1"), wait=True)
+        await clock.sleep(95.0)  # the step is expected to end 5 s from now
+        o = el.outlook()
+        want["split"] = True
+        await el.replan("mid-step")
+        want["split"] = False
+        got = (o.returning_workers, el.allocation, [g for g in el.gate_log if g["kind"] == "schedule"],
+               [h for h in el.history if h["kind"] == "switch_declined"])
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        await el.close()
+        return got
+
+    returning, alloc, sched, declined = run_virtual(main(True))
+    assert returning == 2 and alloc == Allocation.colocated(2)
+    (g,) = sched
+    assert not g["admit"] and g["outcome"] == "saving_below_threshold" and (g["from"], g["to"]) == ("coloc", "1P1D")
+    assert g["saving"] <= g["threshold"] and g["reason"].startswith("hold coloc: 1P1D would save only")
+    (h,) = declined
+    assert h["current"] == "coloc" and h["target"] == "1P1D" and h["schedule"] == {k: g[k] for k in h["schedule"]}
+    _returning, alloc_off, sched_off, _declined = run_virtual(main(False))
+    assert alloc_off == Allocation.disaggregated(1, 1) and sched_off == []
+
+
 def test_a_due_shrink_waits_on_the_queue_for_the_handler_in_progress() -> None:
     """A notice's timer queues its shrink: the shrink never runs beside a handler (here the return of
     lent GPUs, which takes the deactivation time), it runs right after it, before the events queued
