@@ -462,7 +462,7 @@ class ScheduleHold:
 def hold_for_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> ScheduleHold:
     """Weigh a mode or ratio switch over the pool changes known to come within the batch.
 
-    ``decide`` compares candidates on today's budget ``N``; a batch whose pool is known to change
+    ``decide`` compares candidates on the budget of the moment, ``N``; a batch whose pool is known to change
     (``pool_changes``: a running training step's overlap GPUs coming back, a reclaim, an expansion)
     runs its later part on another budget, where the ranking may be reversed. With ``P`` the
     allocation in force projected onto ``N`` and ``T`` = ``d.target``::

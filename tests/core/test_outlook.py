@@ -248,7 +248,7 @@ def test_a_running_steps_overlap_workers_come_back_after_it(decider: Decider) ->
 
 
 def test_a_switch_the_returning_workers_would_reverse_is_held(decider: Decider, cfg8b: RunConfig) -> None:
-    """The wish: a split 20 % faster than colocation on today's 4 workers. A running training
+    """The wish: a split 20 % faster than colocation on the 4 workers of the moment. A running training
     step holds 4 overlap workers that come back when it ends; on 8 workers colocation is the best
     and the split's projection is slower, so weighed over the batch the switch saves nothing."""
     coloc = Allocation.colocated(4)
