@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from pearl.core.decision import Allocation, Decision, Mode, project, switch_threshold
+from pearl.core.decision import Allocation, Candidate, Decision, Mode, project, switch_threshold
 from pearl.core.gate import CostModel, GateDecision, GateOutcome, borrow_gate, switch_gate
 from pearl.core.makespan import batch_progress, compose_makespan, sticky_pool, sync_stall_s
 from pearl.core.override import Decider
@@ -416,23 +416,37 @@ def hold_switch(o: PoolOutlook, d: Decision, batch_boundary: bool, stalled_fract
     forced switch (the projection is infeasible), an ``allocation_overrides`` entry (an explicit
     schedule: the oracle's, a fixed-allocation measurement), a projection equal to the target or
     absent from the table, and an infinite ``T_hold``."""
-    cur, policy = o.allocation, o.decider.policy
-    if cur is None or not d.switched or d.forced or d.n_workers in policy.allocation_overrides:
+    found = _kept(o, d)
+    if found is None:
         return SwitchHold(d)
-    proj = project(cur, d.n_workers, policy)
-    idx = d.table.index_of(proj)
-    if d.target == proj or idx is None:
-        return SwitchHold(d)
-    m_cur = d.table.candidate(idx).makespan_s
+    kept, _c = found
+    proj, m_cur = kept.target, kept.predicted_makespan_s
     hold = hold_s(o, d.n_workers, batch_boundary, m_cur)
     if math.isinf(hold):
         return SwitchHold(d)
-    gate = switch_gate(m_cur, d.predicted_makespan_s, hold, o.costs, policy, stalled_fraction=stalled_fraction)
+    gate = switch_gate(m_cur, d.predicted_makespan_s, hold, o.costs, o.decider.policy,
+                       stalled_fraction=stalled_fraction)
     if gate.admit:
         return SwitchHold(d, gate, proj)
-    held = replace(d, target=proj, predicted_makespan_s=m_cur, switched=proj != cur,
-                   reason=f"hold {proj.label}: {d.target.label} declined by the switch gate ({gate.reason})")
+    held = replace(kept, reason=f"hold {proj.label}: {d.target.label} declined by the switch gate ({gate.reason})")
     return SwitchHold(held, gate, proj)
+
+
+def _kept(o: PoolOutlook, d: Decision) -> tuple[Decision, Candidate] | None:
+    """``d`` with the allocation in force projected onto its budget as the target (its candidate's
+    makespan, ``switched`` when the projection is not the allocation itself): what a hold keeps,
+    with the projection's candidate. None when there is nothing to hold: no allocation in force,
+    no switch, a forced switch, an ``allocation_overrides`` entry, or a projection equal to the
+    target or absent from the table."""
+    cur, policy = o.allocation, o.decider.policy
+    if cur is None or not d.switched or d.forced or d.n_workers in policy.allocation_overrides:
+        return None
+    proj = project(cur, d.n_workers, policy)
+    idx = d.table.index_of(proj)
+    if d.target == proj or idx is None:
+        return None
+    c = d.table.candidate(idx)
+    return replace(d, target=proj, predicted_makespan_s=c.makespan_s, switched=proj != cur), c
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,18 +492,15 @@ def hold_for_schedule(o: PoolOutlook, d: Decision, trainer_waits: bool) -> Sched
     (``allocation_overrides``, ``force_disaggregation``), a
     projection that is not a feasible candidate, no pool change known, or a composed makespan that
     is not a positive number."""
-    cur, policy = o.allocation, o.decider.policy
-    if (not policy.weigh_pool_schedule or cur is None or not d.switched or d.forced
-            or d.n_workers in policy.allocation_overrides or policy.force_disaggregation):
+    policy = o.decider.policy
+    found = _kept(o, d) if policy.weigh_pool_schedule and not policy.force_disaggregation else None
+    i_new = d.table.index_of(d.target)
+    if found is None or i_new is None or not pool_changes(o, trainer_waits, d.n_workers):
         return ScheduleHold(d)
-    proj = project(cur, d.n_workers, policy)
-    i_old, i_new = d.table.index_of(proj), d.table.index_of(d.target)
-    if d.target == proj or i_old is None or i_new is None or not pool_changes(o, trainer_waits, d.n_workers):
-        return ScheduleHold(d)
-    c_old, c_new = d.table.candidate(i_old), d.table.candidate(i_new)
+    kept, c_old = found
+    proj, c_new = kept.target, d.table.candidate(i_new)
     if not c_old.feasible:
         return ScheduleHold(d)
-    kept = replace(d, target=proj, predicted_makespan_s=c_old.makespan_s, switched=proj != cur)
     new_s, _ = pool_schedule(o, d, trainer_waits)
     old_s, _ = pool_schedule(o, kept, trainer_waits)
     if not all(math.isfinite(m) and m > 0 for m in (new_s, old_s)):

@@ -346,12 +346,12 @@ class ElasticScheduler:
             for n in self.notices.values())
         expansions = tuple(Expansion(frozenset(g.gpus), len(g.members), g.started_at, g.ready_at)
                            for g in self.rebuilder.pending())
+        overlap = len(self.toggle.overlap_gpus()) // max(tp, 1)
         return PoolOutlook(
             now=self.clock.now(), decider=self.decider(), costs=self.costs, decision=self.decision,
             allocation=self.allocation,
-            lent_workers=len(self.toggle.overlap_gpus()) // max(tp, 1) if self.toggle.borrowed else 0,
-            returning_workers=(len(self.toggle.overlap_gpus()) // max(tp, 1)
-                               if self.trainer.running and self.policy.borrow_enabled and not self.toggle.borrowed
+            lent_workers=overlap if self.toggle.borrowed else 0,
+            returning_workers=(overlap if self.trainer.running and self.policy.borrow_enabled and not self.toggle.borrowed
                                else 0),
             trainer=self.trainer, reclaims=reclaims, expansions=expansions,
             shrink_margin_s=self.book.lead_s,
