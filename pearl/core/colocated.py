@@ -6,8 +6,10 @@ random subset, so a surviving trajectory shares its worker with (size-biased, hy
 
     m = max(1 + (m0 - 1) (B_s - 1) / (B - 1), 1)      trajectories (= m0 while all are alive)
 
-At most ``m_cap = max(H_max / K_seq, 1)`` fit in a worker's KV memory; beyond it the rest wait:
-``waves = max(m / m_cap, 1)`` scales the cycle and ``m`` is capped at ``m_cap``.
+At most ``n_hi = min(m, m_cap)`` of them run at once, ``m_cap = max(H_max / K_seq, 1)``
+(``stages.kv_slots``: a running request holds its KV until its turn ends; the others wait for
+room): the decode concurrency ``n`` is capped at ``n_hi`` and the worker's busy time decodes its
+``m`` trajectories in ``m / n_hi`` batches of ``n_hi``.
 
 Per group, with ``P = P_s`` (``Stages.prefill``), ``L = x + c + o / 2`` and the unknowns ``n``
 (the worker's decode concurrency) and ``C`` (the cycle), a fixed point (solved as below)::
@@ -18,17 +20,17 @@ Per group, with ``P = P_s`` (``Stages.prefill``), ``L = x + c + o / 2`` and the 
                                                      prefills (its own precedes it)
     W     = u P / (2 (1 - u))                        wait for other prefills (M/D/1)
     C_lat = W + P + D + e                            one trajectory's own turn
-    C_cap = m P + o tau(m, L)                        the worker's busy time per turn of all m
+    C_cap = m P + (m / n_hi) o tau(n_hi, L)          the worker's busy time per turn of all m
     C     = max(C_lat, C_cap)
-    n     = clip(m D / C, 1, m)                      Little's law
+    n     = clip(m D / C, 1, n_hi)                   Little's law
 
 ``n_s`` and not ``n`` in the decode step: a decoding trajectory sees itself and each of the other
 ``m - 1``, decoding with probability ``n / m`` (the inspection paradox).
 
-The iteration: each round evaluates the equations at ``(n, C)``, from ``n = m`` and ``C = P + o
-tau(m, L) + e``, giving ``g = clip(m D / C', 1, m)`` and ``C' = max(C_lat, C_cap)``, and steps::
+The iteration: each round evaluates the equations at ``(n, C)``, from ``n = n_hi`` and ``C = P + o
+tau(n_hi, L) + e``, giving ``g = clip(m D / C', 1, n_hi)`` and ``C' = max(C_lat, C_cap)``, and steps::
 
-    n <- clip(n + (g - n) / (1 - s), 1, m)   secant: s = (g - g_prev) / (n - n_prev) in [-50, 0.95]
+    n <- clip(n + (g - n) / (1 - s), 1, n_hi) secant: s = (g - g_prev) / (n - n_prev) in [-50, 0.95]
                                              (s = 0 in the first round)
     C <- C + (C' - C) / (1 + lambda)         Newton: lambda = -dC_lat/dC = (u / C) (P / (2 (1 - u)^2)
                                              + D ((m - 1) / m) / (1 - u (m - 1) / m)) where u is below
@@ -45,8 +47,8 @@ Batch start: the first turn waits for the prefills queued ahead of it on its wor
 
 The makespan (``Stages.path`` for the weights ``w_s`` and the factor)::
 
-    M = rho(m0) (sum_s w_s C_s waves_s + W_start)       (measured tail: w_s = sum_{k in s} S(k))
-    M = sum_s w_s C_s waves_s + W_start                  (prior: w_s = sum_{k in s} R_k)
+    M = rho(m0) (sum_s w_s C_s + W_start)       (measured tail: w_s = sum_{k in s} S(k))
+    M = sum_s w_s C_s + W_start                  (prior: w_s = sum_{k in s} R_k)
 
 with ``rho(m0)`` the tail factor at the candidate pool's load (``WorkloadProfile.tail_factor_at``;
 ``W_start`` is inside the bracket, so it is scaled by ``rho`` too). Measure with ``make
@@ -67,7 +69,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pearl.core.hardware import HardwareProfile, decode_memory_bound, memory_fixed
-from pearl.core.stages import F64, ROUNDS, TOLERANCE, distance, secant_step, stages
+from pearl.core.stages import F64, ROUNDS, TOLERANCE, distance, kv_slots, secant_step, stages
 from pearl.core.telemetry import Mode
 from pearl.core.workload import WorkloadProfile
 
@@ -98,17 +100,16 @@ def colocated_evaluation(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n
     nw = n_workers.reshape(-1, 1).astype(np.float64)
     m0 = np.maximum(batch / nw, 1.0)
     m = np.maximum(1.0 + (m0 - 1.0) * t.alive_less_one, 1.0)
-    waves = np.maximum(m / t.m_cap, 1.0)
-    m = np.minimum(m, t.m_cap)
+    n_hi = np.minimum(m, t.m_cap)  # the concurrency the worker's KV memory holds
     shape = m.shape
     p, o, half_p, p_e = (np.broadcast_to(a, shape) for a in (t.p, t.o, t.half_p, t.p_e))
     both = np.empty((2, *shape))  # (n, 1 + (m - 1) n / m): n_s's buffer, n beside it
     n, n_s = both[0], both[1]
-    n[...] = m
+    n[...] = n_hi
     tau_m = t.tau(n)
-    c_cyc = p + o * tau_m + t.e  # n = m: every trajectory decoding
+    c_cyc = p + o * tau_m + t.e  # n = n_hi: every trajectory that fits decoding
     m_p = m * p
-    c_cap = m_p + o * tau_m
+    c_cap = m_p + o * tau_m * (m / n_hi)
     others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
     one = np.ones(shape)
     done = np.zeros(shape, dtype=bool)  # within TOLERANCE: held from then on
@@ -123,7 +124,7 @@ def colocated_evaluation(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n
         d = o * t.tau(n_s) * stall  # at the batch a decoding trajectory sees
         c_lat = u * half_p * queue + d + p_e
         c_new = np.maximum(c_lat, c_cap)
-        g = np.minimum(np.maximum(m * d / c_new, one), m)
+        g = np.minimum(np.maximum(m * d / c_new, one), n_hi)
         # Newton on C - max(C_lat(C), C_cap): dC_lat/dC = -(u / C) (P / (2 (1 - u)^2) + D (m - 1) / (m
         # (1 - u (m - 1) / m))) where u is below its cap and C_lat binds
         lean = (u / c_cyc) * (half_p * queue * queue + d * others * stall)
@@ -138,11 +139,11 @@ def colocated_evaluation(hw: HardwareProfile, wl: WorkloadProfile, batch: int, n
         c_cyc = c_cyc + step_c
         n_prev, g_prev = n.copy(), g
         n += step_n
-        np.minimum(np.maximum(n, one, out=n), m, out=n)
+        np.minimum(np.maximum(n, one, out=n), n_hi, out=n)
     rho = wl.tail_factor_at(batch / nw[:, 0]) if t.surv else None
     factor: F64 | float = np.maximum(rho, 1.0) if rho is not None else t.rho0
     start = np.maximum(m0[:, 0] - 1.0, 0.0) * t.half_first_prefill
-    total: F64 = factor * ((t.weights * c_new * waves).sum(axis=1) + start)
+    total: F64 = factor * ((t.weights * c_new).sum(axis=1) + start)
     converged = np.asarray(done.all(axis=1), dtype=np.bool_)
     return ColocResult(total, converged)
 
@@ -177,7 +178,7 @@ def _terms(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> _Terms:
     weights, rho0 = st.path(wl, batch)
     out = _Terms((batch * st.alive - 1.0) / max(batch - 1.0, 1.0), p, st.o, st.e, p / 2.0, p + st.e,
                  _decode_step(hw, hw.decode_slopes(ctx), ctx, _memory_bound(hw, wl, batch)), weights, rho0,
-                 bool(st.surv), st.first_prefill(hw) / 2.0, max(hw.kv_capacity_tokens / max(wl.k_seq, 1.0), 1.0))
+                 bool(st.surv), st.first_prefill(hw) / 2.0, kv_slots(hw, wl))
     for a in (out.alive_less_one, out.p, out.o, out.e, out.half_p, out.p_e, out.weights):
         a.setflags(write=False)
     return out

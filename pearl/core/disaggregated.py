@@ -2,7 +2,9 @@
 
 The split reads the prefill pool's view of the profile (``workload.prefill_pool_tokens``: a
 prefill worker holds the prompts it prefilled, not the outputs decoded elsewhere). Per turn group
-``s`` (``stages.Stages``), ``m = max(B_s / N_D, 1)`` trajectories per decode worker, ``m_P = B_s /
+``s`` (``stages.Stages``), ``m = max(B_s / N_D, 1)`` trajectories per decode worker, of which at
+most ``n_hi = min(m, m_cap)`` decode at once (``m_cap = max(H_max / K_seq, 1)``, ``stages.kv_slots``:
+a decoding request holds its KV until its turn ends; the others wait for room), ``m_P = B_s /
 N_P`` per prefill worker, ``P = P(x_s, c_s)``, ``X = X(x_s + c_s)`` (the whole context moves: the
 decode worker needs every KV entry of the prompt), ``L = x + c + o / 2``; a fixed point in ``n``
 and ``W`` (``C`` follows from them; solved as in "The iteration" below)::
@@ -15,9 +17,13 @@ and ``W`` (``C`` follows from them; solved as in "The iteration" below)::
     C_P    = B_s P / N_P                       the prefill pool at full capacity
     C_D    = (m o / n) tau(n, L)               the decode pool's throughput bound
     C      = max(C_lat, C_P, C_D)
-    n      = clip(m D / C, 1, m)
+    n      = clip(m D / C, 1, n_hi)
 
-``n`` is the mean number of the worker's ``m`` trajectories decoding (Little's law); a decoding
+``n`` is the mean number of the worker's ``m`` trajectories decoding (Little's law), at most the
+``n_hi`` its KV memory holds: past it the throughput bound ``C_D`` at ``n = n_hi`` sets the cycle,
+and a turn waits for KV room as long as that bound exceeds its own path (a split past
+``B K_seq <= N_D H_max`` is infeasible, below; ``n_hi`` makes its recorded prediction what such a
+pool runs). A decoding
 trajectory sees itself and each of the other ``m - 1`` decoding with probability ``n / m`` (the
 inspection paradox, as in ``colocated``): its step runs at ``n_s >= n``. The pool's throughput
 bound runs at the mean ``n``. Measured on the requests' time-weighted decode concurrency
@@ -25,10 +31,10 @@ bound runs at the mean ``n``. Measured on the requests' time-weighted decode con
 where ``n`` is 2.0-2.5 (``make predictor-check``).
 
 The iteration. Per candidate and group, each round evaluates the equations above at ``(n, W)``,
-from ``n = m``, ``W = 0``, which gives ``g = clip(m D / C, 1, m)`` and ``W' = W_closed(m_P, P, Z,
+from ``n = n_hi``, ``W = 0``, which gives ``g = clip(m D / C, 1, n_hi)`` and ``W' = W_closed(m_P, P, Z,
 c_s^2)``, and steps both unknowns::
 
-    n <- clip(n + (g - n) / (1 - s), 1, m)   secant: s = (g - g_prev) / (n - n_prev) in [-50, 0.95]
+    n <- clip(n + (g - n) / (1 - s), 1, n_hi) secant: s = (g - g_prev) / (n - n_prev) in [-50, 0.95]
                                              (s = 0 in the first round: the plain step)
     W <- max(W + (W' - W) / (1 - phi), 0)    Newton: phi = dW'/dW = -dW_closed/dZ where a throughput
                                              bound sets Z = C - W - P, else 0; phi <= 0.95
@@ -108,7 +114,18 @@ import numpy.typing as npt
 
 from pearl.core.hardware import HardwareProfile, decode_memory_bound, memory_fixed
 from pearl.core.queueing import ClosedWait, prefill_service_scv
-from pearl.core.stages import F64, ROUNDS, SLOPE_MAX, TOLERANCE, Stages, distance, pool_tail, secant_step, stages
+from pearl.core.stages import (
+    F64,
+    ROUNDS,
+    SLOPE_MAX,
+    TOLERANCE,
+    Stages,
+    distance,
+    kv_slots,
+    pool_tail,
+    secant_step,
+    stages,
+)
 from pearl.core.telemetry import Mode
 from pearl.core.workload import TailArrays, WorkloadProfile
 
@@ -188,6 +205,8 @@ class _StageTerms:
     half_first_prefill: float
     scv: float
     memory: bool
+    #: ``m_cap``: the trajectories one decode worker's KV memory holds at once (``stages.kv_slots``)
+    m_cap: float
     hw: HardwareProfile
 
 
@@ -202,7 +221,8 @@ def _stage_terms(hw: HardwareProfile, wl: WorkloadProfile, batch: int) -> _Stage
     out = _StageTerms(
         bk, p, xfer, ctx, hw.decode_slopes(ctx), p + xfer + st.e, xfer + st.e,
         float((st.turns * bk * p).sum()), float((bk * (st.x + st.c)).max()) if st.x.size else 0.0,
-        float(st.first_prefill(hw)) / 2.0, prefill_service_scv(hw, wl), _memory_bound(hw, wl, batch), hw)
+        float(st.first_prefill(hw)) / 2.0, prefill_service_scv(hw, wl), _memory_bound(hw, wl, batch),
+        kv_slots(hw, wl), hw)
     for a in (bk, p, xfer, ctx, *out.slopes, out.fixed, out.rest):
         a.setflags(write=False)
     return out
@@ -235,12 +255,13 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
 
     # rest = X + e, a turn's time away from the prefill worker besides decode; fixed = P + X + e
     p, o, rest, fixed, m = full(terms.p), full(st.o), full(terms.rest), full(terms.fixed), full(m)
+    n_hi = np.minimum(m, terms.m_cap)  # the decode concurrency the worker's KV memory holds
     m_o = m * o
     others = (m - 1.0) / m  # the share of a worker's m trajectories that are not this one
     one, slope_floor = np.ones(shape), np.full(shape, -SLOPE_MAX)
     both = np.empty((2, *shape))  # (n, n_s): the decode step at both in one evaluation
     n, n_s = both[0], both[1]
-    n[...] = m
+    n[...] = n_hi
     if terms.memory:
         fixed_s, kv = memory_fixed(hw), np.broadcast_to(slopes[0], both.shape).copy()
 
@@ -267,7 +288,7 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
         w_new, dw_dz = prefill_wait.with_slope(np.maximum(z_bound, z_min))
         c_lat = w_new + fixed + d
         c_cyc = np.maximum(c_lat, bound)
-        g = np.minimum(np.maximum(m * d / c_cyc, one), m)
+        g = np.minimum(np.maximum(m * d / c_cyc, one), n_hi)
         # Newton on W - W_closed(Z(W)): dZ/dW = -1 where a bound sets Z, else 0 (dW/dz <= 0)
         lean = np.maximum(dw_dz, slope_floor)
         np.putmask(lean, z_bound <= z_min, 0.0)
@@ -281,7 +302,7 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
         w = np.maximum(w + step_w, 0.0)
         n_prev, g_prev = n.copy(), g
         n += step_n
-        np.minimum(np.maximum(n, one, out=n), m, out=n)
+        np.minimum(np.maximum(n, one, out=n), n_hi, out=n)
     return w_new, n_s, c_lat, c_cyc, c_d, done
 
 

@@ -23,7 +23,18 @@ from pearl.core.decision import CandidateTable, DecisionPolicy, evaluate_table
 from pearl.core.disaggregated import DisaggResult
 from pearl.core.hardware import HardwareProfile
 from pearl.core.queueing import ClosedWait, prefill_service_scv
-from pearl.core.stages import F64, ROUNDS, SLOPE_MAX, TOLERANCE, Stages, distance, pool_tail, secant_step, stages
+from pearl.core.stages import (
+    F64,
+    ROUNDS,
+    SLOPE_MAX,
+    TOLERANCE,
+    Stages,
+    distance,
+    kv_slots,
+    pool_tail,
+    secant_step,
+    stages,
+)
 from pearl.core.telemetry import Mode
 from pearl.core.workload import TailArrays, WorkloadProfile
 
@@ -55,7 +66,8 @@ def reference_disaggregated_makespan(
     c_p = bk * p / npf  # B_s P / N_P: the pool at full capacity
     fixed = p + xfer + st.e
     rest = xfer + st.e  # a turn's time away from the prefill worker, besides decode
-    n = np.maximum(bk / nd, 1.0) + 0.0 * npf
+    n_hi = np.minimum(m, kv_slots(hw, wl))  # the decode concurrency a decode worker's KV memory holds
+    n = n_hi + 0.0 * npf
     w = np.zeros_like(n)
     active = np.ones(n.shape, dtype=bool)
     n_prev: F64 | None = None
@@ -69,7 +81,7 @@ def reference_disaggregated_makespan(
         w_new, dw_dz = prefill_wait.with_slope(np.maximum(z_bound, z_min))
         c_lat = w_new + fixed + d
         c_cyc = np.maximum(np.maximum(c_lat, c_d), c_p)
-        g = np.minimum(np.maximum(m * d / c_cyc, 1.0), m)  # clip to [1, m]
+        g = np.minimum(np.maximum(m * d / c_cyc, 1.0), n_hi)  # clip to [1, n_hi]
         slope = np.where(z_bound > z_min, -dw_dz, 0.0)  # dW_closed(Z(W)) / dW
         step_w = (w_new - w) / (1.0 - np.minimum(slope, SLOPE_MAX))
         step_n = secant_step(n, g, n_prev, g_prev)
@@ -78,7 +90,7 @@ def reference_disaggregated_makespan(
             break
         w = np.maximum(w + np.where(active, step_w, 0.0), 0.0)
         n_prev, g_prev = n, g
-        n = np.minimum(np.maximum(n + np.where(active, step_n, 0.0), 1.0), m)
+        n = np.minimum(np.maximum(n + np.where(active, step_n, 0.0), 1.0), n_hi)
     w = w_new
     kv_ok = (batch * wl.k_seq <= nd[:, 0] * hw.kv_capacity_tokens)
     held = float((bk * (st.x + st.c)).max())  # max_s B_s (x_s + c_s): the prefixes the prefill pool holds

@@ -145,6 +145,13 @@ def stages(wl: WorkloadProfile, mode: Mode, n_groups: int = STAGES) -> Stages:
     return _compress(wl, tokens, n_groups)
 
 
+def kv_slots(hw: HardwareProfile, wl: WorkloadProfile) -> float:
+    """``m_cap = max(H_max / K_seq, 1)``: the trajectories one worker's KV memory holds at once,
+    each at its final context ``K_seq`` (a colocated worker, a split's decode worker); past it the
+    rest wait for a later wave."""
+    return max(hw.kv_capacity_tokens / max(wl.k_seq, 1.0), 1.0)
+
+
 @functools.lru_cache(maxsize=64)
 def pool_tail(wl: WorkloadProfile) -> TailArrays | None:
     """The kept windows' slowest paths restated for the prefill pool, as arrays (cached); None

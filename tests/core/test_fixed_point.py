@@ -59,9 +59,10 @@ def _split_by_plain_map(hw: HardwareProfile, wl: WorkloadProfile, batch: int, np
     bk, p, o, e = batch * st.alive, st.prefill(hw), st.o, st.e
     xf, ctx = hw.transfer_s(st.x + st.c), st.x + st.c + st.o / 2.0
     m = np.maximum(bk / nd, 1.0)
+    n_hi = np.minimum(m, max(hw.kv_capacity_tokens / wl.k_seq, 1.0))
     wait = ClosedWait(bk / npf, p, prefill_service_scv(hw, wl))
     c_p = bk * p / npf
-    n = m + 0.0 * npf
+    n = n_hi + 0.0 * npf
     w = np.zeros_like(n)
     cyc = p + xf + o * hw.decode_step_s(n, ctx) + e
     for _ in range(100_000):
@@ -71,7 +72,7 @@ def _split_by_plain_map(hw: HardwareProfile, wl: WorkloadProfile, batch: int, np
         w = wait(np.maximum(cyc - w - p, xf + d + e))
         lat = w + p + xf + d + e
         cyc = np.maximum(np.maximum(lat, m * o * hw.decode_step_s(n, ctx) / n), c_p)
-        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / cyc, 1.0), m)
+        n = 0.5 * n + 0.5 * np.minimum(np.maximum(m * d / cyc, 1.0), n_hi)
         if np.all(np.abs(np.stack([w, cyc, n]) - before) <= _STILL * np.stack([cyc, cyc, n])):
             break
     return w, 1.0 + (m - 1.0) * n / m, lat, cyc
@@ -93,18 +94,16 @@ def test_the_split_fixed_point_is_the_plain_maps_limit(prof: Prof, n_workers: in
 
 
 def _coloc_by_bisection(hw: HardwareProfile, wl: WorkloadProfile, batch: int, nw: F64) -> F64:
-    """``colocated`` module docstring's ``C waves`` per pool and group, by bisection: for a given
-    ``n``, ``C - max(C_lat(C), C_cap)`` rises with ``C``; then ``n - clip(m D / C(n), 1, m)`` is <= 0
-    at ``n = 1`` and >= 0 at ``n = m`` (the plain map can circle at the kinks instead)."""
+    """``colocated`` module docstring's ``C`` per pool and group, by bisection: for a given ``n``,
+    ``C - max(C_lat(C), C_cap)`` rises with ``C``; then ``n - clip(m D / C(n), 1, n_hi)`` is <= 0 at
+    ``n = 1`` and >= 0 at ``n = n_hi`` (the plain map can circle at the kinks instead)."""
     st = stages(wl, Mode.COLOCATED)
     bk, p, o, e = batch * st.alive, st.prefill(hw), st.o, st.e
     ctx = st.x + st.c + st.o / 2.0
     m0 = np.maximum(batch / nw, 1.0)
     m = np.maximum(1.0 + (m0 - 1.0) * (bk - 1.0) / (batch - 1.0), 1.0)
-    m_cap = max(hw.kv_capacity_tokens / wl.k_seq, 1.0)
-    waves = np.maximum(m / m_cap, 1.0)
-    m = np.minimum(m, m_cap)
-    cap = m * p + o * hw.decode_step_s(m, ctx)
+    n_hi = np.minimum(m, max(hw.kv_capacity_tokens / wl.k_seq, 1.0))
+    cap = m * p + (m / n_hi) * o * hw.decode_step_s(n_hi, ctx)
 
     def decode(n: F64, cyc: F64) -> F64:
         u = np.minimum(m * p / cyc, U_CAP_COLOCATED)
@@ -119,17 +118,17 @@ def _coloc_by_bisection(hw: HardwareProfile, wl: WorkloadProfile, batch: int, nw
             lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
         return 0.5 * (lo + hi)
 
-    lo_n, hi_n = np.ones_like(m), m.copy()
+    lo_n, hi_n = np.ones_like(m), n_hi.copy()
     for _ in range(60):
         mid = 0.5 * (lo_n + hi_n)
         cyc = cycle(mid)
-        low = mid < np.minimum(np.maximum(m * decode(mid, cyc)[0] / cyc, 1.0), m)
+        low = mid < np.minimum(np.maximum(m * decode(mid, cyc)[0] / cyc, 1.0), n_hi)
         lo_n, hi_n = np.where(low, mid, lo_n), np.where(low, hi_n, mid)
-    return cycle(0.5 * (lo_n + hi_n)) * waves
+    return cycle(0.5 * (lo_n + hi_n))
 
 
 def test_the_colocated_fixed_point_is_the_bisections(prof: Prof) -> None:
-    """The prior form's makespan, ``sum_s w_s C_s waves_s + W_start`` with the reach weights, from
+    """The prior form's makespan, ``sum_s w_s C_s + W_start`` with the reach weights, from
     the bisection's cycles equals the model's at every pool of 1-40 workers."""
     hw, wl = prof
     wl = replace(wl, tail_factor=None, tail_paths=(), tail_history=(), tail_weights=())

@@ -185,12 +185,10 @@ def _coloc_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float, 
     """``colocated`` module docstring, one turn group (B_s = B), the fixed point as a loop."""
     m0 = max(batch / n_workers, 1.0)
     m = max(1.0 + (m0 - 1.0) * (batch - 1.0) / max(batch - 1.0, 1.0), 1.0)
-    m_cap = max(hw.kv_capacity_tokens / max(k_seq, 1.0), 1.0)
-    waves = max(m / m_cap, 1.0)
-    m = min(m, m_cap)
+    n_hi = min(m, max(hw.kv_capacity_tokens / max(k_seq, 1.0), 1.0))  # m_cap = H_max / K_seq
     p = _p(hw, x, c)
     ctx = x + c + o / 2.0
-    cap = m * p + o * _tau(hw, m, ctx)
+    cap = m * p + (m / n_hi) * o * _tau(hw, n_hi, ctx)
 
     def cycle(n: float) -> float:  # C = max(C_lat(C), C_cap) at this n: C minus its right side rises with C
         n_s = 1.0 + (m - 1.0) * n / m
@@ -201,23 +199,23 @@ def _coloc_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float, 
             return cyc - max(u * p / (2.0 * (1.0 - u)) + p + d + e, cap)
         return _bisect(excess, cap, 1e6 * cap)
 
-    def excess_n(n: float) -> float:  # n - g(n), g = clip(m D / C, 1, m): <= 0 at n = 1, >= 0 at n = m
+    def excess_n(n: float) -> float:  # n - g(n), g = clip(m D / C, 1, n_hi): <= 0 at n = 1, >= 0 at n_hi
         cyc = cycle(n)
         u = min(m * p / cyc, U_CAP_COLOCATED)
         d = o * _tau(hw, 1.0 + (m - 1.0) * n / m, ctx) / (1.0 - u * (m - 1.0) / m)
-        return n - min(max(m * d / cyc, 1.0), m)
-    cyc = cycle(_bisect(excess_n, 1.0, m))
+        return n - min(max(m * d / cyc, 1.0), n_hi)
+    cyc = cycle(_bisect(excess_n, 1.0, n_hi))
     w_start = max(m0 - 1.0, 0.0) * p / 2.0 if with_start else 0.0
     reach = 1.0  # R_1 = 1 - (1 - S(1))^B with S(1) = 1
     if rho is None:
-        return reach * cyc * waves + w_start
-    return rho * (1.0 * cyc * waves + w_start)  # mean path S(1) = 1; W_start inside the bracket
+        return reach * cyc + w_start
+    return rho * (1.0 * cyc + w_start)  # mean path S(1) = 1; W_start inside the bracket
 
 
 @pytest.mark.parametrize(("n_workers", "rho"), [(8.0, None), (4.0, None), (16.0, 1.3), (2.0, 1.15), (64.0, None)])
 def test_colocated_makespan_is_the_docstring_fixed_point(prof8b: Prof, n_workers: float, rho: float | None) -> None:
     """u, n_s, D (with the other trajectories' stall ``(m - 1) / m``), W, C_lat, C_cap, C, n; then
-    M = sum_s w_s C_s waves_s + W_start, or rho (...) with a measured tail factor."""
+    M = sum_s w_s C_s + W_start, or rho (...) with a measured tail factor."""
     hw, _ = prof8b
     x, c, o, e, k_seq = 9000.0, 3000.0, 600.0, 2.0, 30000.0
     wl = WorkloadProfile((1.0,), (x,), (c,), (o,), (e,), k_seq, tail_factor=rho)
@@ -238,25 +236,29 @@ def test_colocated_batch_start_waits_half_the_queued_prefills(prof8b: Prof) -> N
     assert one == pytest.approx(_coloc_by_hand(hw, x, c, o, e, 1000.0, 64, 64.0, None), rel=_REL)
 
 
-def test_kv_overflow_runs_the_batch_in_waves(prof8b: Prof) -> None:
-    """m_cap = H_max / K_seq; waves = m / m_cap scales the cycle."""
+def test_kv_overflow_caps_the_colocated_concurrency(prof8b: Prof) -> None:
+    """n_hi = min(m, H_max / K_seq): at most n_hi run at once, the busy time C_cap = m P + (m / n_hi) o
+    tau(n_hi, L); past it the makespan grows with the trajectories a worker holds."""
     hw, _ = prof8b
     k_seq = hw.kv_capacity_tokens / 4.0  # 4 trajectories fit a worker, 8 are assigned
     wl = WorkloadProfile((1.0,), (2000.0,), (0.0,), (300.0,), (1.0,), k_seq)
     got = float(colocated_makespan(hw, wl, 64, np.array([8.0]))[0])
     assert got == pytest.approx(_coloc_by_hand(hw, 2000.0, 0.0, 300.0, 1.0, k_seq, 64, 8.0, None), rel=_REL)
+    roomy = float(colocated_makespan(hw, replace(wl, k_seq=hw.kv_capacity_tokens / 8.0), 64, np.array([8.0]))[0])
+    assert got > 1.25 * roomy  # 4 at a time, each decode batch paying the weights again, against 8 at once
 
 
 # ------------------------------------------------------------------------------ disaggregation
 def _disagg_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float, batch: int, n_p: float,
-                    n_d: float) -> tuple[float, float, float, float, float, float]:
+                    n_d: float, k_seq: float = 0.0) -> tuple[float, float, float, float, float, float]:
     """``disaggregated`` module docstring, one turn group: (C, C_lat, C_D, W, n, W_start)."""
     m = max(batch / n_d, 1.0)
+    n_hi = min(m, max(hw.kv_capacity_tokens / k_seq, 1.0)) if k_seq > 0 else m  # m_cap = H_max / K_seq
     m_p = batch / n_p
     p = _p(hw, x, c)
     xf = _x(hw, x + c)
     ctx = x + c + o / 2.0
-    n = m
+    n = n_hi
     cyc = p + xf + o * _tau(hw, n, ctx) + e
     c_p = batch * p / n_p
     w = 0.0
@@ -270,7 +272,7 @@ def _disagg_by_hand(hw: HardwareProfile, x: float, c: float, o: float, e: float,
         lat = w + p + xf + e + d
         c_d = m * o * tau / n
         cyc = max(lat, c_d, c_p)
-        n = 0.5 * n + 0.5 * min(max(m * d / cyc, 1.0), m)
+        n = 0.5 * n + 0.5 * min(max(m * d / cyc, 1.0), n_hi)
         if _still((cyc, lat, n), prev):
             break
     return cyc, lat, c_d, w, 1.0 + (m - 1.0) * n / m, max(batch / n_p - 1.0, 0.0) * p / 2.0
@@ -285,7 +287,7 @@ def test_disaggregated_makespan_and_feasibility_are_the_docstring_formulas(prof8
     x, c, o, e, k_seq = 6000.0, 2000.0, 500.0, 1.5, 20000.0
     wl = WorkloadProfile((1.0,), (x,), (c,), (o,), (e,), k_seq)
     res = disaggregated_makespan(hw, wl, 64, np.array([n_p]), np.array([n_d]), 0.95)
-    cyc, lat, c_d, _w, _n, start = _disagg_by_hand(hw, x, c, o, e, 64, n_p, n_d)
+    cyc, lat, c_d, _w, _n, start = _disagg_by_hand(hw, x, c, o, e, 64, n_p, n_d, k_seq)
     assert float(res.makespan_s[0]) == pytest.approx(cyc + start, rel=_REL)
     u_batch = 64 * _p(hw, x, c) / (n_p * max(lat, c_d))
     assert float(res.prefill_util[0]) == pytest.approx(u_batch, rel=_REL)
@@ -293,6 +295,23 @@ def test_disaggregated_makespan_and_feasibility_are_the_docstring_formulas(prof8
     assert bool(res.kv_ok[0]) == (64 * k_seq <= n_d * hw.kv_capacity_tokens)
     assert res.cache_demand == pytest.approx(64 * (x + c))
     assert bool(res.cache_ok[0]) == (64 * (x + c) <= n_p * hw.kv_capacity_tokens)
+
+
+def test_a_split_past_its_decode_workers_kv_caps_their_concurrency(prof8b: Prof) -> None:
+    """n_hi = min(m, H_max / K_seq) per decode worker: n <= n_hi and the throughput bound C_D = (m o /
+    n) tau(n, L) at it; such a split is infeasible by KV memory and predicted slower than one with room."""
+    hw, _ = prof8b
+    x, c, o, e = 6000.0, 2000.0, 500.0, 1.5
+    k_seq = hw.kv_capacity_tokens / 4.0  # 4 trajectories fit a decode worker, 32 are assigned
+    wl = WorkloadProfile((1.0,), (x,), (c,), (o,), (e,), k_seq)
+    res = disaggregated_makespan(hw, wl, 64, np.array([6.0]), np.array([2.0]), 0.95)
+    cyc, _lat, c_d, _w, n_s, start = _disagg_by_hand(hw, x, c, o, e, 64, 6.0, 2.0, k_seq)
+    assert float(res.makespan_s[0]) == pytest.approx(cyc + start, rel=_REL)
+    assert cyc == pytest.approx(c_d) and n_s <= 1.0 + 31.0 * 4.0 / 32.0 + 1e-9  # the KV-bound decode sets the cycle
+    assert not bool(res.kv_ok[0])
+    roomy = disaggregated_makespan(hw, replace(wl, k_seq=hw.kv_capacity_tokens / 32.0), 64, np.array([6.0]),
+                                   np.array([2.0]), 0.95)
+    assert bool(roomy.kv_ok[0]) and float(roomy.makespan_s[0]) < float(res.makespan_s[0])
 
 
 def test_split_with_slowest_paths_adds_the_batch_start_wait_once(prof8b: Prof) -> None:
