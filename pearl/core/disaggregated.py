@@ -251,7 +251,9 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
     shape = c_p.shape
 
     def full(a: F64) -> F64:  # the loop's operands at one shape: a broadcast costs more than the arithmetic
-        return np.broadcast_to(a, shape).copy()
+        out = np.empty(shape)
+        out[...] = a  # ~0.5 us, np.broadcast_to(a, shape).copy() ~3 us
+        return out
 
     # rest = X + e, a turn's time away from the prefill worker besides decode; fixed = P + X + e
     p, o, rest, fixed, m = full(terms.p), full(st.o), full(terms.rest), full(terms.fixed), full(m)
@@ -263,7 +265,8 @@ def _fixed_point(st: Stages, terms: _StageTerms, npf: F64, nd: F64, rounds: int 
     n, n_s = both[0], both[1]
     n[...] = n_hi
     if terms.memory:
-        fixed_s, kv = memory_fixed(hw), np.broadcast_to(slopes[0], both.shape).copy()
+        fixed_s, kv = memory_fixed(hw), np.empty(both.shape)
+        kv[...] = slopes[0]
 
         def tau_at(nn: F64) -> F64:
             out: F64 = fixed_s(nn) + nn * kv
