@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
 
-from pearl.runtime.clock import Clock, LoopClock, VirtualTimeDeadlock, run_virtual
+from pearl.runtime.clock import REPLAY_GC_THRESHOLD0, Clock, LoopClock, VirtualTimeDeadlock, run_virtual
 
 
 def test_virtual_loop_jumps_to_timers_exactly() -> None:
@@ -64,3 +65,22 @@ async def test_loop_clock_on_a_real_loop() -> None:
     await clock.sleep(0.01)
     assert clock.now() - t0 >= 0.009
     assert await clock.wait(asyncio.Event(), deadline=clock.now() + 0.005) is False
+
+
+def test_a_replay_runs_with_fewer_young_collections_and_restores_the_collector() -> None:
+    """Inside ``run_virtual`` the first threshold is raised, the older generations' kept; after it,
+    and after a replay that raised, the collector is as it was."""
+    before = gc.get_threshold()
+
+    async def seen() -> tuple[int, int, int]:
+        return gc.get_threshold()
+
+    assert run_virtual(seen()) == (REPLAY_GC_THRESHOLD0, *before[1:])
+    assert gc.get_threshold() == before
+
+    async def fails() -> None:
+        raise RuntimeError("replay failed")
+
+    with pytest.raises(RuntimeError, match="replay failed"):
+        run_virtual(fails())
+    assert gc.get_threshold() == before
