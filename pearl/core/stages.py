@@ -148,7 +148,7 @@ def stages(wl: WorkloadProfile, mode: Mode, n_groups: int = STAGES) -> Stages:
 def kv_slots(hw: HardwareProfile, wl: WorkloadProfile) -> float:
     """``m_cap = max(H_max / K_seq, 1)``: the trajectories one worker's KV memory holds at once,
     each at its final context ``K_seq`` (a colocated worker, a split's decode worker); past it the
-    rest wait for a later wave."""
+    rest wait for room, and the models cap the worker's decode concurrency there."""
     return max(hw.kv_capacity_tokens / max(wl.k_seq, 1.0), 1.0)
 
 
