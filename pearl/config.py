@@ -184,6 +184,14 @@ class WorkloadSpec(_Strict):
     max_trajectory_tokens: int = Field(default=32768, ge=256, description="trajectory length limit")
     turns: Distribution = Distribution(mean=24, cv=0.5, min=2, max=60)
     system_prompt_tokens: int = Field(default=2500, ge=0, description="system prompt + task statement")
+    shared_prompt_tokens: int = Field(
+        default=0, ge=0, description="the first tokens of system_prompt_tokens that every task shares (the agent's "
+        "system prompt, tool documentation, demonstrations); the rest is the task's own statement, shared by its "
+        "GRPO group. Synthetic sessions give each part its own token ids, so a radix cache finds what is shared")
+    max_response_tokens: int | None = Field(
+        default=None, ge=1, description="max_new_tokens the synthetic agent sends per turn (capped by the "
+        "trajectory's remaining budget); the emulated model still ends its response where the plan says (its "
+        "EOS), but the engine's scheduler only sees this cap. None: the planned response length itself")
     observation_tokens: Distribution = Distribution(mean=700, cv=1.0, min=20, max=8000)
     response_tokens: Distribution = Distribution(mean=400, cv=0.8, min=8, max=4096)
     env_step_s: Distribution = Distribution(mean=4.0, cv=1.2, min=0.2, max=120.0)
@@ -202,6 +210,9 @@ class WorkloadSpec(_Strict):
     def _check(self) -> WorkloadSpec:
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}")
+        if self.shared_prompt_tokens > self.system_prompt_tokens:
+            raise ValueError(f"shared_prompt_tokens={self.shared_prompt_tokens} > system_prompt_tokens="
+                             f"{self.system_prompt_tokens}")
         if self.system_prompt_tokens >= self.max_trajectory_tokens:
             raise ValueError(
                 f"system_prompt_tokens={self.system_prompt_tokens} >= max_trajectory_tokens="
@@ -349,11 +360,19 @@ class EmulatorSpec(_Strict):
                              "(SGLang max_running_requests order of magnitude)")
     decode_mfu: float = Field(default=0.5, gt=0, le=1, description="compute efficiency of decode matmuls "
                               "(assumption; decode is memory-bound at our batch sizes)")
-    prefix_reuse: float = Field(
-        default=1.0, ge=0, le=1, description="fraction of a conversation's cached prefix a new turn reuses "
-        "(1.0: an ideal radix cache; lower models re-tokenization mismatches and evictions - the paper's "
-        "Sec. 3.2 profile, 96.68% of processed tokens in 26.48% of the time in prefill, implies much less reuse "
-        "than ideal; the 'paper' workload preset sets 0.3, calibrated on that split: pearl/sim/presets.py)")
+    overlap_schedule: bool = Field(
+        default=True, description="SGLang's overlap scheduler (its default; --disable-overlap-schedule turns "
+        "it off): the CPU prepares the next decode batch while the GPU runs this one, so a decode step takes "
+        "the longer of the two (pearl/engines/emulated_overheads.py)")
+    cuda_graph_max_bs: int = Field(
+        default=256, ge=0, description="largest decode batch SGLang runs under a captured CUDA graph "
+        "(--cuda-graph-max-bs; larger ones launch every kernel from the host)")
+    launch_per_layer_s: float = Field(
+        default=6e-5, ge=0, description="host time to launch one layer's kernels without a CUDA graph, s (the "
+        "default of EmulatorPhysics.launch_per_layer_s)")
+    host_link_gbs: float = Field(
+        default=50.0, gt=0, description="device <-> host memory bandwidth, GB/s (PCIe Gen5 x16): a PD decode "
+        "worker's retraction offloads a request's KV there and copies it back to resume it")
     costs: Literal["database", "datasheet"] = Field(
         default="database", description="per-iteration costs: 'database' = decode / prefill tables built from "
         "NVIDIA's aiconfigurator-core kernel database for the model, hardware.database_system, backend and "

@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import random
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -72,11 +72,21 @@ from pearl.engines.base import (
     ServerSpec,
 )
 from pearl.engines.emulated_costs import MeasuredCosts, WorkerCosts, worker_costs
+from pearl.engines.emulated_overheads import engine_overheads
 from pearl.engines.emulated_physics import EmulatorPhysics, load_physics
 from pearl.engines.emulated_server import EmulatedRequest, EmulatedServer, IterationLoop, ServerStatus, Stage
+from pearl.engines.radix_cache import RadixCache
 
 if TYPE_CHECKING:  # the engine only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
+
+
+class ResponseModel(Protocol):
+    """Where the emulated model ends a response (its EOS), as the policy being emulated would."""
+
+    def remaining(self, conversation: str, position: int) -> int | None:
+        """Tokens the model generates from ``position`` of ``conversation`` up to and including
+        its EOS; None: it does not stop before ``max_new_tokens``."""
 
 
 #: per-request seconds summed over finished requests by ``EmulatedEngine.request_split``
@@ -84,7 +94,8 @@ _REQUEST_FIELDS = ("requests", "pd_requests", "prefill_queue_s", "kv_wait_s", "p
                    "transfer_bytes")
 
 #: per-worker phase counters folded into ``EmulatedEngine.phase_split``
-_PHASE_FIELDS = ("prefill_busy_s", "decode_busy_s", "prefill_tokens", "cached_tokens", "decode_tokens")
+_PHASE_FIELDS = ("prefill_busy_s", "decode_busy_s", "prefill_tokens", "cached_tokens", "decode_tokens", "sched_s",
+                 "retracted", "retracted_tokens")
 
 
 # ------------------------------------------------------------------------------------ engine
@@ -102,24 +113,19 @@ class EmulatedEngine:
         emulator: EmulatorSpec | None = None,
         tp_size: int = 1,
         physics: EmulatorPhysics | None = None,
-        trajectory_tokens: int = 0,
         iteration_log: list[Any] | None = None,
+        responses: ResponseModel | None = None,
     ) -> None:
         """``iteration_log``: where each decode span is appended as a ``pearl.core.telemetry.IterationRecord``
-        (its owner drains it: ``pearl.runtime.controller.Controller``); None: not kept."""
+        (its owner drains it: ``pearl.runtime.controller.Controller``); None: not kept. ``responses``:
+        where the emulated model ends each response (its EOS); None: every request runs to its
+        ``max_new_tokens``."""
         self.iteration_log = iteration_log
         self.emu = emulator or EmulatorSpec()
         self.physics = physics or EmulatorPhysics()
         self.costs: WorkerCosts | MeasuredCosts = worker_costs(model, hardware, self.emu, tp_size, self.physics)
-        ph = self.physics.resolved(hardware, self.emu)
-        #: prefix reuse per serving role (EmulatorPhysics; both default to EmulatorSpec.prefix_reuse)
-        self._reuse = {
-            Role.COLOCATED: ph.value("prefix_reuse_colocated", 0.0),
-            Role.PREFILL: ph.value("prefix_reuse_prefill", 0.0),
-        }
-        #: decode KV reservation beyond the response (``IterationLoop.decode_need``): rho and the trajectory limit K
-        self._kv_reserve = ph.value("decode_kv_reserve", 0.0)
-        self._traj_tokens = trajectory_tokens
+        self.overheads = engine_overheads(model, hardware, self.emu, self.physics, tp_size)
+        self.responses = responses
         self.vocab = model.vocab_size
         # synthetic tokens: position q of conversation c is table[(crc32(c) + q) mod vocab], a seeded
         # permutation of the vocabulary, with a fixed logprob per table slot (slicing: no per-token work)
@@ -142,17 +148,17 @@ class EmulatedEngine:
         self._gen_s: dict[str, float] = {}  # conversation -> prefill + decode s of all its requests
         self._req_split: dict[str, float] = dict.fromkeys(_REQUEST_FIELDS, 0.0)
         self._busy_retired: dict[str, tuple[str, float, float]] = {}
-        self.iterations = IterationLoop(clock, self.emu, self.costs, self._reuse, self._kv_reserve, trajectory_tokens,
-                                        self._inflight, self._workers, self.crashes, iteration_log,
-                                        self._abort_worker)
+        self.iterations = IterationLoop(clock, self.emu, self.costs, self.overheads, self._inflight, self._workers,
+                                        self.crashes, iteration_log, self._abort_worker, self.output_ids)
 
     @staticmethod
     def from_config(cfg: RunConfig, clock: Clock, physics: EmulatorPhysics | None = None,
-                    iteration_log: list[Any] | None = None) -> EmulatedEngine:
+                    iteration_log: list[Any] | None = None, responses: ResponseModel | None = None) -> EmulatedEngine:
         """The engine of ``cfg`` with ``physics`` (default: every constant the run config's). The
-        simulator passes the model's ``configs/emulator`` file (``emulator_physics``)."""
+        simulator passes the model's ``configs/emulator`` file (``emulator_physics``) and its
+        sessions' response model."""
         return EmulatedEngine(cfg.model, cfg.hardware, clock, cfg.emulator, cfg.cluster.tp_size, physics,
-                              cfg.workload.max_trajectory_tokens, iteration_log)
+                              iteration_log, responses)
 
     @staticmethod
     def emulator_physics(cfg: RunConfig) -> EmulatorPhysics:
@@ -167,6 +173,13 @@ class EmulatedEngine:
             self._fail_next.add(worker_id)
         if gpu:
             self._fail_next.add(f"gpu:{gpu}")
+
+    def output_ids(self, conv: str, start: int, n: int) -> tuple[int, ...]:
+        """The ``n`` tokens this engine generates from position ``start`` of conversation ``conv``."""
+        v = self.vocab
+        a = (zlib.crc32(conv.encode()) + start) % v
+        b = a + n
+        return self._tok[a:b] if b <= v else self._tok[a:] + self._tok[: b - v]
 
     def token_at(self, conv: str, q: int) -> int:
         """The token this engine generates at position ``q`` of conversation ``conv`` (read by the
@@ -191,6 +204,10 @@ class EmulatedEngine:
 
     def kv_used(self, worker_id: str) -> int:
         return self._workers[worker_id].kv_used
+
+    def radix_cache(self, worker_id: str) -> RadixCache:
+        """The worker's prefix cache (read by tests and reports)."""
+        return self._workers[worker_id].tree
 
     def request_split(self) -> dict[str, float]:
         """Seconds summed over the requests finished so far (aborted ones left out): waiting for a
@@ -363,8 +380,9 @@ class EmulatedEngine:
             await r.fut
             if r.stage is Stage.DONE:
                 return self._result(r, p.id, d.id)
-            # KV admission on the decode worker (FIFO); the prompt's KV stays on the prefill worker
-            # (p_reserved) until the transfer is done. The grant resolves r.fut (so does an abort).
+            # KV admission on the decode worker (FIFO; it moves the request to TRANSFER); the prompt's
+            # KV stays on the prefill worker (p_owned) until the transfer is done. The grant resolves
+            # r.fut (so does an abort).
             r.fut = loop.create_future()
             r.workers = [p.id, d.id]
             if d.status is not ServerStatus.READY:
@@ -377,11 +395,11 @@ class EmulatedEngine:
             if r.stage is Stage.DONE:
                 return self._result(r, p.id, d.id)
             r.fut = loop.create_future()
-            r.stage = Stage.TRANSFER
             t0 = self.clock.now()
             if await self.clock.wait(r.fut, t0 + self.costs.transfer_s(r.input_len)):
                 return self._result(r, p.id, d.id)  # aborted during the transfer
             r.transfer_s = self.clock.now() - t0
+            d.transferring -= 1
             self.iterations.release_prefill_kv(r)
             r.version = min(r.version, d.version)
             r.stage = Stage.DECODE
@@ -398,8 +416,13 @@ class EmulatedEngine:
             raise EngineError("-", f"request {req.rid}: max_new_tokens must be >= 1")
         if req.rid in self._inflight:
             raise EngineError("-", f"request id {req.rid!r} is already in flight; rids must be unique per attempt")
-        r = EmulatedRequest(req, req.sampling.max_new_tokens, pd, self.clock.now(),
-                 asyncio.get_running_loop())
+        cap = req.sampling.max_new_tokens
+        stop = cap
+        if self.responses is not None:
+            eos = self.responses.remaining(req.conversation, len(req.input_ids))
+            if eos is not None:
+                stop = min(cap, max(eos, 1))
+        r = EmulatedRequest(req, cap, stop, pd, self.clock.now(), asyncio.get_running_loop())
         self._inflight[r.rid] = r
         return r
 
@@ -415,17 +438,14 @@ class EmulatedEngine:
             v = self.vocab
             a = (zlib.crc32(r.conv.encode()) + r.input_len) % v
             b = a + n
-            if b <= v:
-                out, lps = self._tok[a:b], self._lp[a:b]
-            else:  # wraps around the table (n <= vocab always: max_new_tokens < max_context)
-                out = self._tok[a:] + self._tok[: b - v]
-                lps = self._lp[a:] + self._lp[: b - v]
+            out = self.output_ids(r.conv, r.input_len, n)
+            lps = self._lp[a:b] if b <= v else self._lp[a:] + self._lp[: b - v]
         else:
             out, lps = (), ()
         if r.aborted:
             reason = FinishReason.ABORT
         else:
-            reason = FinishReason.LENGTH
+            reason = FinishReason.LENGTH if r.generated >= r.max_new else FinishReason.STOP
         conc = r.conc
         if not r.aborted:
             sp = self._req_split
@@ -439,10 +459,11 @@ class EmulatedEngine:
             sp["transfer_bytes"] += r.input_len * self.costs.kv_bytes if r.transfer_s > 0 else 0.0
         self._gen_s[r.conv] = self._gen_s.get(r.conv, 0.0) + r.prefill_s + r.decode_s
         if r.attempt > 0 and r.prefill_s > 0:
-            self.resume_log.append((r.conv, r.prefilled, r.prefill_s, self._alone_prefill_s(r.prefilled, r.cached)))
+            self.resume_log.append((r.conv, r.input_len - max(r.cached, 0), r.prefill_s,
+                                    self._alone_prefill_s(r.input_len - max(r.cached, 0), max(r.cached, 0))))
         return GenerateResult(
             rid=r.rid, output_ids=out, logprobs=lps, finish_reason=reason, weight_version=r.version,
-            prompt_tokens=r.input_len, cached_tokens=r.cached,
+            prompt_tokens=r.input_len, cached_tokens=max(r.cached, 0),
             timings=RequestTimings(queue_s=r.queue_s, prefill_s=r.prefill_s, transfer_s=r.transfer_s,
                                    decode_s=r.decode_s, decode_concurrency=conc),
             worker_id=worker_id, decode_worker_id=decode_id,
@@ -470,34 +491,7 @@ class EmulatedEngine:
 
     def _abort(self, r: EmulatedRequest) -> None:
         """End ``r`` now with the tokens completed so far; free its KV; wake the worker(s)."""
-        if r.stage is Stage.DONE:
-            return
-        now = self.clock.now()
-        for wid in r.workers:
-            w = self._workers.get(wid)
-            if w is None:
-                continue
-            if r in w.waiting:
-                w.waiting.remove(r)
-            if r in w.prefilling:
-                w.prefilling.remove(r)
-                self.iterations.free(w, r, cache_len=r.cached + r.prefilled)
-            if r in w.kv_wait:
-                w.kv_wait.remove(r)
-            if r in w.joining:
-                w.joining.remove(r)
-            elif r.stage is Stage.DECODE and r.join_step >= 0 and wid == r.holder:
-                self.iterations.leave_decode(w, r, now)
-                r.decode_s = now - r.decode_start
-            w.poke()
-        self.iterations.release_prefill_kv(r)
-        holder = self._workers.get(r.holder)
-        if r.reserved and holder is not None:
-            self.iterations.free(holder, r, cache_len=0 if r.pd else r.input_len + r.generated)
-        r.aborted = True
-        r.stage = Stage.DONE
-        if not r.fut.done():
-            r.fut.set_result(None)
+        self.iterations.abort_request(r)
 
     async def pause(self, worker_id: str, mode: PauseMode = PauseMode.KEEP) -> None:
         self.capabilities.check_pause(worker_id, mode)

@@ -55,15 +55,6 @@ class EmulatorPhysics(_Strict):
     """Free constants of the emulated engine for one model on one accelerator (``None``: the run
     config's value). Bounds are the public ranges named in each description."""
 
-    prefix_reuse_colocated: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="fraction of a conversation's cached prefix a colocated "
-        "worker reuses on the next turn (1.0: a radix cache that never evicts nor re-renders). No public "
-        "measurement of multi-turn agent rollout narrows [0, 1]; the paper's Sec. 3.2 time share is the "
-        "only number that identifies it (a calibration target)")
-    prefix_reuse_prefill: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="the same on a PD prefill worker, whose cache holds "
-        "only prompts (outputs are decoded elsewhere) and no running decode's KV; bounds as the colocated "
-        "one's, fitted separately")
     weight_read_efficiency: float | None = Field(
         default=None, ge=0.55, le=0.92, description="fraction of peak HBM bandwidth a decode step reaches "
         "reading the weights (an assumed range around HardwareSpec.decode_bw_efficiency 0.7; memory-bound "
@@ -89,15 +80,16 @@ class EmulatorPhysics(_Strict):
         "memory like model weights and KV cache', docs/backend/server_arguments.md; vLLM "
         "--gpu-memory-utilization, default 0.9); the lower bound per model is min_memory_utilization: the "
         "paper runs 5P3D at batch 64, so 3 decode workers hold B K_seq tokens (0.92 for Qwen3-30B-A3B)")
-    decode_kv_reserve: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="share rho of a trajectory's remaining budget K - p - r "
-        "that a decoding request holds in KV beyond its prompt p and response r (0: exactly p + r). A "
-        "serving engine does not know where a response stops: it admits on an estimate of the output "
-        "(SGLang: new_token_ratio x min(max_new_tokens, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096), "
-        "python/sglang/srt/managers/env_vars.py) and retracts running requests when the pool overflows, so "
-        "a long-context batch on few workers runs in KV-capacity waves; the paper's own feasibility rule, "
-        "B K_seq <= N_D H_max (Sec. 4.2), is rho = 1. The emulator lumps the estimate and the retractions "
-        "into rho (fitted)")
+    host_cpu_factor: float | None = Field(
+        default=None, ge=0.5, le=2.0, description="the GPU host's scheduler CPU seconds per iteration over "
+        "those measured from SGLang 0.5.23's own scheduling code (configs/emulator/sglang-scheduler.yaml, "
+        "benchmarks/bench_sglang_scheduler.py): 1.0 is the measured CPU; GPU servers' host CPUs (Xeon "
+        "8480+/EPYC 9654 class) run single-threaded Python within about 2x of it either way")
+    launch_per_layer_s: float | None = Field(
+        default=None, ge=2e-5, le=3e-4, description="host time to launch one layer's kernels of an extend "
+        "(prefill) batch, which runs without CUDA graphs (SGLang captures decode batches only): the "
+        "batch cannot end before n_layers x this. Bounds: 10-20 kernels a layer at 2-15 us a launch "
+        "(PyTorch eager launch overhead)")
     moe_floor: float | None = Field(
         default=None, ge=0.0, le=0.3, description="MoE kernel curve: share of the full routed-expert "
         "read a single token already costs (fit_moe_curve on MOE_KERNEL_TABLES)")
@@ -113,10 +105,10 @@ class EmulatorPhysics(_Strict):
         """Every constant set: a field left ``None`` takes the run config's value (the one place
         those defaults are written)."""
         defaults = {
-            "prefix_reuse_colocated": emu.prefix_reuse, "prefix_reuse_prefill": emu.prefix_reuse,
             "weight_read_efficiency": hw.decode_bw_efficiency, "kv_read_efficiency": hw.decode_bw_efficiency,
             "decode_step_s": hw.step_overhead_s, "prefill_forward_s": hw.step_overhead_s,
-            "prefill_mfu": hw.prefill_mfu, "memory_utilization": hw.memory_utilization, "decode_kv_reserve": 0.0,
+            "prefill_mfu": hw.prefill_mfu, "memory_utilization": hw.memory_utilization,
+            "host_cpu_factor": 1.0, "launch_per_layer_s": emu.launch_per_layer_s,
             "moe_floor": hw.moe_kernel_floor, "moe_exponent": 1.0,
         }
         return self.model_copy(update={k: self.value(k, v) for k, v in defaults.items()})

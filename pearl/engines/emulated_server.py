@@ -1,46 +1,50 @@
-"""One emulated server's state machine: its queues, KV pool, prefix cache, decode batch and driver.
+"""One emulated server's state machine: its queues, KV pool, radix cache, decode batch and driver.
 
 ``EmulatedServer`` holds one worker's state, ``EmulatedRequest`` one request's, and
 ``IterationLoop`` runs every server's iterations over them (the engine, ``pearl.engines.emulated``,
-owns the servers and the API; this module owns the invariants, e.g. "a reservation is freed
-exactly once"). Only time is modelled; the costs come from the engine's cost model
-(``MeasuredCosts`` or ``WorkerCosts``).
+owns the servers and the API; this module owns the invariants, e.g. "every KV token is owned by
+exactly one request or by the radix cache"). Only time is modelled; the kernel costs come from the
+engine's cost model (``MeasuredCosts`` or ``WorkerCosts``), the engine's own time per iteration
+from ``pearl.engines.emulated_overheads``, and the scheduling rules are SGLang's
+(``pearl.engines.emulated_sched``, ``pearl.engines.radix_cache``).
 
 Per worker, the request life cycle (queues in order)::
 
-    waiting --KV admission--> prefilling --chunks--> decoding --last token--> done
-                 (FIFO;            (chunked prefill,      (continuous batching:
-              head-of-line          <= chunk_tokens        one token per running
-                 blocking)          per iteration)         request per iteration)
-    PD:  prefill worker: waiting -> prefilling -> (first token) -> handed off
-         decode worker:  kv-wait (FIFO) -> transfer -> decoding -> done
+    waiting --admission--> prefill batch --chunks--> decoding --EOS / cap--> done
+       ^        (FCFS,        (chunked prefill: one       (continuous batching:
+       |     estimate rule)    request at a time is        one token per running
+       |                       the chunked one)            request per iteration)
+       '------------------ retracted (KV pressure) -----------'
+    PD:  prefill worker: waiting -> prefill batch -> (first token) -> KV held until the transfer
+         decode worker:  kv-wait (FIFO, 512-token reserve rule) -> transfer -> decoding -> done
+                         decoding --retracted--> offloaded to host --> resumed (KV copied back)
 
-Scheduling choices (SGLang's defaults, written down here):
+The KV pool of ``H_max = (tp memory u - W) / kv`` tokens holds the radix cache's tokens (locked by
+running requests: protected; unlocked: evictable) and the tokens running requests own outside it
+(prompt tokens not inserted yet, decoded tokens). Tokens are real ids (a trajectory's context, the
+engine's own output), so the prefix a request finds cached is what the radix tree holds: reuse
+comes out of routing, eviction, retraction and flushes, not out of a constant.
 
-* **Prefill first.** When a colocated worker has admitted prefill work, the next iteration is a
-  prefill chunk and every running decode stalls for it ("prefill interrupts decode"). A chunk
-  takes up to ``EmulatorSpec.chunk_tokens`` new tokens from the admitted requests in FIFO order.
-* **KV admission.** A request is admitted only if ``prompt + max_new_tokens`` tokens fit in the
-  worker's KV pool (so a running request never needs preemption); prefix-cache entries are evicted
-  LRU to make room; otherwise it waits (FIFO). The pool is
-  ``H_max = (tp * memory_gb * memory_utilization - weight_bytes) / kv_bytes_per_token``.
-* **Prefix cache.** Requests with one ``GenerateRequest.conversation`` (the trajectory id) are one
-  conversation. A worker remembers
-  the last context it held per conversation; the next request of that conversation reuses
-  ``prefix_reuse * min(cached, prompt - 1)`` tokens when the first and the last cached token match
-  (per role: ``EmulatorPhysics.prefix_reuse_colocated`` / ``prefix_reuse_prefill``, both defaulting
-  to ``EmulatorSpec.prefix_reuse``, 1.0 = an ideal radix cache; the ``paper`` workload preset uses
-  0.3, calibrated on the paper's Sec. 3.2 token / time split of colocated rollout - see
-  ``pearl/sim/presets.py``; routing itself stays conversation-sticky, as ROLL's
-  ``EnvAffinityRouter`` is). Colocated workers
-  cache prompt + output; a PD prefill worker caches only the prompt (the output was decoded
-  elsewhere); a decode worker frees its KV when a request ends (SGLang's decode side keeps no
-  radix cache). A weight update or memory release flushes the cache.
-* **Mixed chunks off** (SGLang's ``enable_mixed_chunk = False``, as PEARL launches it). With
-  ``emulator.mixed_chunk`` the chunk carries the running decodes instead: one forward pass of
-  ``mixed_step_s`` (the database's mixed step: the weights read once for both), each running
-  request one token longer; its time beyond the chunk alone counts as decode time.
-* **The first output token comes from the prefill pass** (as in SGLang/vLLM).
+Scheduling choices (SGLang 0.5.23's defaults, the rules in ``emulated_sched``):
+
+* **Prefill first.** Each iteration tries to form a prefill batch (the chunked request first, then
+  FCFS admissions while the KV estimate and the chunk's ``EmulatorSpec.chunk_tokens`` allow); only
+  if there is none does the decode batch step, and the decodes stall for a prefill batch ("prefill
+  interrupts decode"), as with ``enable_mixed_chunk = False``, how PEARL launches SGLang.
+* **Admission on an estimate**: the scheduler does not know where a response stops; it counts
+  ``min(max_new_tokens - generated, 4096) x new_token_ratio`` per running request, so a batch can
+  outgrow the pool, and is then **retracted** (KV freed, back to the waiting queue, output kept).
+* **The radix cache** (``radix_cache.RadixCache``): an admission matches its prompt (at most all but
+  its last token, which must be computed); a chunk of an unfinished prompt is inserted and held
+  (``cache_unfinished_req``); a finished or aborted request inserts prompt + output less the last
+  token (``cache_finished_req``); a PD prefill worker inserts the prompt once its KV is sent; a PD
+  decode worker keeps no tree. Eviction is LRU over unlocked leaves. A weight update, a memory
+  release and a role change flush it.
+* **With ``emulator.mixed_chunk``** the chunk carries the running decodes, one token each, in one
+  forward pass (``mixed_step_s``).
+* **The first output token comes from the prefill pass** (as in SGLang/vLLM); a request stops at
+  its EOS (``EmulatedEngine``'s response model: where the synthetic policy ends its turn) or at
+  ``max_new_tokens``.
 
 Public names: ``Stage``, ``EmulatedRequest``, ``ServerStatus``, ``EmulatedServer``, ``IterationLoop``.
 """
@@ -49,7 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections import OrderedDict, deque
+import math
+from collections import deque
 from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -57,11 +62,24 @@ from typing import TYPE_CHECKING, Any
 from pearl.config import EmulatorSpec
 from pearl.core.state import Role
 from pearl.engines.base import EngineError, GenerateRequest, ServerSpec
-from pearl.engines.emulated_costs import LineSpan, MeasuredCosts, WorkerCosts
-from pearl.engines.emulated_tables import TableSpan
+from pearl.engines.emulated_costs import MeasuredCosts, WorkerCosts
+from pearl.engines.emulated_overheads import Overheads, Span
+from pearl.engines.emulated_sched import (
+    CLIP_MAX_NEW_TOKENS,
+    NUM_RESERVED_DECODE_TOKENS,
+    RETRACT_DECODE_STEPS,
+    NewTokenRatio,
+    admission_estimate,
+    ratio_after_retract,
+    retraction_order,
+)
+from pearl.engines.radix_cache import Node, RadixCache
 
 if TYPE_CHECKING:  # the loop only needs the Clock protocol's shape; no import of the runtime
     from pearl.runtime.clock import Clock
+
+#: output token ids of a request: (conversation, first position, count) -> ids
+OutputIds = Callable[[str, int, int], tuple[int, ...]]
 
 
 class Stage(StrEnum):
@@ -72,31 +90,48 @@ class Stage(StrEnum):
     KV_WAIT = "kv_wait"
     TRANSFER = "transfer"
     DECODE = "decode"
+    OFFLOADED = "offloaded"
     DONE = "done"
 
 
 class EmulatedRequest:
-    """One request on the emulated servers: its stage, reservations and timings."""
+    """One request on the emulated servers: its stage, KV and timings.
+
+    ``target``: tokens its current prefill covers (prompt + output kept across a retraction);
+    ``node`` / ``prefix``: the radix path it holds on its worker and that path's length;
+    ``owned0``: KV tokens it owned outside the tree when it joined the decode batch (it owns one
+    more per decode step since); ``p_node`` / ``p_owned``: the same on a PD prefill worker until
+    its KV is sent."""
 
     __slots__ = (
         "aborted", "attempt", "cached", "conc", "conc0", "conv", "d_worker", "decode_s", "decode_start", "dtime0",
-        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "kv_wait_s", "max_new", "p_reserved",
-        "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start", "prefilled", "queue_s", "reserved",
-        "rid", "stage", "submit_t", "transfer_s", "version", "workers",
+        "finish_step", "fut", "gen0", "generated", "input_ids", "join_step", "kv_wait_s", "max_new", "node",
+        "owned", "owned0", "p_node", "p_owned", "p_prefix", "p_worker", "pd", "prefill_end", "prefill_s", "prefill_start",
+        "prefilled", "prefix", "queue_s", "retractions", "rid", "stage", "stop", "submit_t", "target",
+        "transfer_s", "version", "workers",
     )
 
-    def __init__(self, req: GenerateRequest, max_new: int, pd: bool, now: float,
+    def __init__(self, req: GenerateRequest, max_new: int, stop: int, pd: bool, now: float,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.rid = req.rid
         self.conv = req.conversation
         self.attempt = req.attempt
         self.input_ids = req.input_ids
         self.max_new = max_new
+        self.stop = stop
         self.pd = pd
-        self.cached = 0
+        self.cached = -1  # prefix hit of the first admission (-1: not admitted yet)
         self.prefilled = 0
         self.generated = 0
-        self.reserved = 0
+        self.target = len(req.input_ids)
+        self.node: Node | None = None
+        self.prefix = 0
+        self.owned = 0
+        self.owned0 = 0
+        self.p_node: Node | None = None
+        self.p_owned = 0
+        self.p_prefix = 0
+        self.retractions = 0
         self.stage = Stage.WAITING
         self.fut: asyncio.Future[None] = loop.create_future()
         self.submit_t = now
@@ -105,8 +140,7 @@ class EmulatedRequest:
         self.join_step = self.gen0 = self.finish_step = 0
         self.conc0 = self.dtime0 = 0.0
         self.conc = 1.0
-        self.p_reserved = 0
-        self.p_worker = ""  # PD: the prefill worker (holds p_reserved until the transfer is done)
+        self.p_worker = ""  # PD: the prefill worker (holds p_owned until the transfer is done)
         self.d_worker = ""  # PD: the decode worker
         self.version = 0
         self.aborted = False
@@ -118,7 +152,7 @@ class EmulatedRequest:
 
     @property
     def holder(self) -> str:
-        """The worker holding ``reserved`` KV tokens (and, while decoding, the batch slot)."""
+        """The worker holding its KV (and, while decoding, its batch slot)."""
         return self.workers[-1]
 
 
@@ -133,7 +167,7 @@ class ServerStatus(StrEnum):
 
 
 class EmulatedServer:
-    """One emulated server: queues, KV pool, prefix cache and a driver task (owned by the engine)."""
+    """One emulated server: queues, KV pool, radix cache and a driver task (owned by the engine)."""
 
     def __init__(self, spec: ServerSpec, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
         self.id = spec.worker_id
@@ -143,12 +177,14 @@ class EmulatedServer:
         self.fresh = True  # no weights loaded since launch (the next load is "finalization")
         self.paused = 0
         self.capacity = capacity
-        self.kv_used = 0
-        self.cache: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # conv -> (len, first, last)
-        self.cache_tokens = 0
+        self.tree = RadixCache()
+        self.owned = 0  # KV tokens running requests own outside the tree
+        self.ratio = NewTokenRatio()
         self.waiting: deque[EmulatedRequest] = deque()
+        self.chunked: EmulatedRequest | None = None  # the request whose prompt is split over chunks
         self.kv_wait: deque[EmulatedRequest] = deque()
-        self.prefilling: list[EmulatedRequest] = []
+        self.offloaded: deque[EmulatedRequest] = deque()  # PD decode: retracted, KV on the host
+        self.transferring = 0  # PD decode: admitted requests whose KV is arriving
         self.joining: list[EmulatedRequest] = []
         self.decoding: list[tuple[int, int, EmulatedRequest]] = []  # heap (finish_step, seq, req)
         self.n_decoding = 0
@@ -157,7 +193,7 @@ class EmulatedServer:
         self.conc_cum = 0.0  # integral of batch size over decode time
         self.dtime_cum = 0.0  # decode time so far
         self.seq = 0
-        self.span: tuple[float, int, int, LineSpan | TableSpan] | None = None
+        self.span: tuple[float, int, int, Span] | None = None
         self.wake: asyncio.Future[None] = loop.create_future()
         self.driver: asyncio.Task[None] | None = None
         self.events = 0  # spans + chunks simulated (for the events/s figure)
@@ -167,6 +203,9 @@ class EmulatedServer:
         self.prefill_tokens = 0  # prompt tokens computed by prefill chunks
         self.cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.decode_tokens = 0  # tokens generated by decode iterations
+        self.sched_s = 0.0  # engine time beyond the kernels (scheduler, launches, host copies)
+        self.retracted = 0  # requests retracted
+        self.retracted_tokens = 0  # KV tokens they gave up (colocated: computed again later)
 
     def poke(self) -> None:
         if not self.wake.done():
@@ -182,185 +221,149 @@ class EmulatedServer:
         self.status = ServerStatus.STOPPED
 
     @property
+    def kv_used(self) -> int:
+        return self.tree.size + self.owned
+
+    @property
+    def available(self) -> int:
+        return self.capacity - self.tree.size - self.owned
+
+    @property
     def load(self) -> int:
-        return len(self.waiting) + len(self.kv_wait) + len(self.prefilling) + len(self.joining) + self.n_decoding
+        return (len(self.waiting) + len(self.kv_wait) + len(self.offloaded) + self.transferring
+                + (self.chunked is not None) + len(self.joining) + self.n_decoding)
 
 
 # ------------------------------------------------------------------------------ iterations
 class IterationLoop:
-    """Every server's iterations (module docstring): admission, prefill chunks, decode spans.
+    """Every server's iterations (module docstring): admission, prefill batches, decode spans.
 
     Shared with the engine that owns it: ``inflight`` (request id -> request), ``servers`` (worker
     id -> server), ``crashes`` (driver errors), ``iteration_log`` (decode spans as
-    ``IterationRecord``; None: not kept); ``abort_worker`` ends a crashed server's requests."""
+    ``IterationRecord``; None: not kept); ``abort_worker`` ends a crashed server's requests;
+    ``output_ids`` gives a request's output tokens (the radix cache stores them)."""
 
-    def __init__(self, clock: Clock, emu: EmulatorSpec, costs: WorkerCosts | MeasuredCosts,
-                 reuse: dict[Role, float], kv_reserve: float, trajectory_tokens: int,
+    def __init__(self, clock: Clock, emu: EmulatorSpec, costs: WorkerCosts | MeasuredCosts, overheads: Overheads,
                  inflight: dict[str, EmulatedRequest], servers: dict[str, EmulatedServer], crashes: list[str],
-                 iteration_log: list[Any] | None, abort_worker: Callable[[EmulatedServer], None]) -> None:
+                 iteration_log: list[Any] | None, abort_worker: Callable[[EmulatedServer], None],
+                 output_ids: OutputIds) -> None:
         self.clock = clock
         self.emu = emu
         self.costs = costs
-        self._reuse = reuse
-        self._kv_reserve = kv_reserve
-        self._traj_tokens = trajectory_tokens
+        self.overheads = overheads
         self._inflight = inflight
         self._workers = servers
         self.crashes = crashes
         self.iteration_log = iteration_log
         self._abort_worker = abort_worker
+        self._output_ids = output_ids
 
+    # ------------------------------------------------------------------ KV and the radix cache
     def flush_cache(self, w: EmulatedServer) -> None:
-        w.cache.clear()
-        w.cache_tokens = 0
+        """SGLang's ``flush_cache`` (a weight update, a memory release, a role change): the tree
+        emptied; only valid once every request on ``w`` has ended (the engine aborts them first)."""
+        w.tree.reset()
+        w.ratio.reset()
 
-    def free(self, w: EmulatedServer, r: EmulatedRequest, cache_len: int) -> None:
-        """Release ``r``'s reservation on ``w``; keep ``cache_len`` tokens of its context as the
-        conversation's prefix entry (not on decode workers)."""
-        w.kv_used -= r.reserved
-        r.reserved = 0
-        self._cache(w, r, cache_len)
+    def _alloc(self, w: EmulatedServer, tokens: int) -> None:
+        """``tokens`` more owned by a request on ``w``; the tree is evicted for them as needed."""
+        w.owned += tokens
+        short = -w.available
+        if short > 0:
+            w.tree.evict(short)
+
+    def _insert_finished(self, w: EmulatedServer, r: EmulatedRequest, kv_tokens: int) -> None:
+        """``cache_finished_req`` for the KV ``r`` holds on ``w`` (``r.node``, ``r.prefix``,
+        ``r.owned``): the first ``kv_tokens`` of prompt + output enter the tree (a PD decode worker
+        keeps none), ``r``'s own copies are freed and its path unlocked."""
+        now = self.clock.now()
+        node = r.node
+        if w.role is not Role.DECODE and w.status is ServerStatus.READY and node is not None and kv_tokens > r.prefix:
+            n_in = min(kv_tokens, r.input_len)
+            _, last = w.tree.insert(r.input_ids, now, start=node, offset=r.prefix, limit=n_in)
+            if kv_tokens > n_in:
+                w.tree.insert(self._output_ids(r.conv, r.input_len, kv_tokens - r.input_len), now, start=last)
+        w.owned -= r.owned
+        r.owned = 0
+        if node is not None:
+            w.tree.unlock(node)
+            r.node = None
+        r.prefix = 0
+        short = -w.available
+        if short > 0:  # duplicates were freed; what is new may need room
+            w.tree.evict(short)
         w.poke()
 
-    def _cache(self, w: EmulatedServer, r: EmulatedRequest, cache_len: int) -> None:
-        if cache_len <= 0 or w.status is not ServerStatus.READY or w.role is Role.DECODE:
-            return
-        old = w.cache.pop(r.conv, None)
-        if old is not None:
-            w.cache_tokens -= old[0]
-        ids = r.input_ids
-        cache_len = min(cache_len, w.capacity - w.kv_used - w.cache_tokens)
-        if cache_len <= 0 or not ids:
-            return
-        # the entry remembers the first token and the last cached prompt token (-1: beyond the prompt)
-        last = ids[cache_len - 1] if cache_len <= len(ids) else -1
-        w.cache[r.conv] = (cache_len, ids[0], last)
-        w.cache_tokens += cache_len
-
     def release_prefill_kv(self, r: EmulatedRequest) -> None:
-        """PD: free the prompt's KV on the prefill worker (kept as the conversation's prefix)."""
-        if not r.p_reserved:
+        """PD: the prompt's KV is sent; the prefill worker inserts the prompt into its tree and
+        frees its copy (``r.p_*``); what ``r`` holds on its decode worker is left as it is."""
+        if r.p_node is None and not r.p_owned:
             return
         p = self._workers.get(r.p_worker)
+        held = (r.node, r.owned, r.prefix)
+        r.node, r.owned, r.prefix = r.p_node, r.p_owned, r.p_prefix
+        r.p_node, r.p_owned, r.p_prefix = None, 0, 0
         if p is not None:
-            p.kv_used -= r.p_reserved
-            self._cache(p, r, r.input_len)
-            p.poke()
-        r.p_reserved = 0
+            self._insert_finished(p, r, r.input_len)
+        r.node, r.owned, r.prefix = held
 
-    def _make_room(self, w: EmulatedServer, need: int, keep: str) -> bool:
-        free = w.capacity - w.kv_used - w.cache_tokens
-        if free >= need:
-            return True
-        for conv in list(w.cache):
-            if conv == keep:
-                continue
-            ln = w.cache.pop(conv)[0]
-            w.cache_tokens -= ln
-            free += ln
-            if free >= need:
-                return True
-        return free >= need
-
-    def decode_need(self, r: EmulatedRequest, capacity: int) -> int:
-        """KV tokens a decoding request reserves: ``p + r + floor(rho (K - p - r))`` for a prompt of p
-        tokens and r to generate, ``rho = EmulatorPhysics.decode_kv_reserve``, ``K`` the
-        trajectory limit; never above ``capacity`` unless ``p + r`` alone is."""
-        exact = r.input_len + r.max_new
-        if self._kv_reserve <= 0.0 or self._traj_tokens <= exact:
-            return exact
-        return max(exact, min(exact + int(self._kv_reserve * (self._traj_tokens - exact)), capacity))
-
-    def _admit(self, w: EmulatedServer, now: float) -> None:
-        """Admit waiting requests FIFO while KV (and the running cap) allows."""
-        while w.waiting:
-            r = w.waiting[0]
-            if len(w.prefilling) + w.n_decoding + len(w.joining) >= self.emu.max_running:
-                break
-            hit = 0
-            entry = w.cache.get(r.conv)
-            if entry is not None:
-                ln, first, last = entry
-                ids = r.input_ids
-                if ids and ids[0] == first and (last == -1 or (ln <= len(ids) and ids[ln - 1] == last)):
-                    hit = int(min(ln, len(ids) - 1) * self._reuse.get(w.role, self.emu.prefix_reuse))  # >= 1 computed
-            need = r.input_len + (self.decode_need(r, w.capacity) - r.input_len if w.role is Role.COLOCATED else 0)
-            need_extra = need - (entry[0] if entry is not None else 0)  # the entry is consumed either way
-            if need > w.capacity:
-                w.waiting.popleft()
-                self._inflight.pop(r.rid, None)
-                r.stage = Stage.DONE
-                r.fut.set_exception(EngineError(w.id, f"request {r.rid} needs {need} KV tokens, the worker "
-                                                      f"holds {w.capacity}; shorten the trajectory limit"))
-                continue
-            if not self._make_room(w, max(need_extra, 0), keep=r.conv if entry is not None else ""):
-                break
-            if entry is not None:
-                w.cache.pop(r.conv, None)
-                w.cache_tokens -= entry[0]
-            w.waiting.popleft()
-            w.kv_used += need
-            r.reserved = need
-            r.cached = hit
-            w.cached_tokens += hit
-            r.stage = Stage.PREFILL
-            r.queue_s = now - r.submit_t
-            r.prefill_start = now
-            w.prefilling.append(r)
-        while w.kv_wait and w.role is Role.DECODE:
-            r = w.kv_wait[0]
-            need = self.decode_need(r, w.capacity)
-            if w.n_decoding + len(w.joining) >= self.emu.max_running or not self._make_room(w, need, ""):
-                break
-            w.kv_wait.popleft()
-            w.kv_used += need
-            r.reserved = need
-            r.kv_wait_s = now - r.prefill_end
-            r.queue_s += r.kv_wait_s
-            if not r.fut.done():
-                r.fut.set_result(None)
-
-    # ------------------------------------------------------------------ decode batch
-    def _join_decode(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
-        r.stage = Stage.DECODE
-        r.decode_start = now
-        r.join_step = w.steps
-        r.gen0 = r.generated
-        r.finish_step = w.steps + (r.max_new - r.generated)
-        r.conc0 = w.conc_cum
-        r.dtime0 = w.dtime_cum
-        w.seq += 1
-        heapq.heappush(w.decoding, (r.finish_step, w.seq, r))
-        w.n_decoding += 1
-        w.ctx_sum += r.input_len + r.generated
-
-    def leave_decode(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
-        """Remove ``r`` from the batch (lazy heap deletion) after bringing its count up to date."""
+    # ------------------------------------------------------------------ admission
+    def _running_offset(self, w: EmulatedServer) -> float:
+        """``sum_running ratio min(M_i - o_i, CLIP)`` (the decode batch's estimated growth)."""
+        if not w.n_decoding and not w.joining:
+            return 0.0
         steps = w.steps
-        if w.span is not None:
-            t0, k_max, base_steps, span = w.span
-            steps = base_steps + span.within(now - t0, k_max)
-        r.generated = r.gen0 + (steps - r.join_step)
-        w.decode_tokens += steps - w.steps  # its tokens of the span in progress (the span counts the others')
-        dtime = w.dtime_cum - r.dtime0
-        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
-        w.n_decoding -= 1
-        w.ctx_sum -= r.input_len + r.gen0 + (w.steps - r.join_step)
-        r.join_step = -1  # marks "left" for the lazy heap
+        total = 0
+        for _, _, r in w.decoding:
+            if r.join_step >= 0:
+                total += min(max(r.max_new - (r.gen0 + steps - r.join_step), 0), CLIP_MAX_NEW_TOKENS)
+        for r in w.joining:
+            total += admission_estimate(r)
+        return w.ratio.current * total
 
-    def _finish(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
-        r.generated = r.max_new
-        dtime = w.dtime_cum - r.dtime0
-        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else 1.0
-        r.decode_s = now - r.decode_start
-        w.n_decoding -= 1
-        w.ctx_sum -= r.input_len + r.max_new
-        r.join_step = -1
-        self.free(w, r, cache_len=0 if r.pd else r.input_len + r.generated)
-        r.stage = Stage.DONE
-        self._inflight.pop(r.rid, None)
-        if not r.fut.done():
-            r.fut.set_result(None)
+    def _form_prefill(self, w: EmulatedServer, now: float) -> list[tuple[EmulatedRequest, int]]:
+        """SGLang's ``get_new_batch_prefill`` with ``PrefillAdder``: the chunked request's next
+        chunk, then FCFS admissions while the chunk, the running cap and the KV estimate allow."""
+        budget = self.emu.chunk_tokens
+        parts: list[tuple[EmulatedRequest, int]] = []
+        if w.chunked is not None:  # its next chunk first (add_chunked_req), then admissions in what is left
+            r = w.chunked
+            x = min(r.target - r.prefix - r.prefilled, budget)
+            parts.append((r, x))
+            budget -= x
+        if budget <= 0 or not w.waiting or w.role is Role.DECODE:
+            return parts
+        running = w.n_decoding + len(w.joining)
+        avail = w.available  # allocation happens after the round (prepare_for_extend)
+        offset = self._running_offset(w)
+        while w.waiting and budget > 0:
+            r = w.waiting[0]
+            if running + len(parts) >= self.emu.max_running:
+                break
+            limit = r.input_len - 1 if r.target == r.input_len else r.input_len  # >= 1 token computed
+            hit, node = w.tree.match(r.input_ids, now, limit=limit)
+            w.tree.lock(node)  # pinned for the check (not evictable), kept if admitted
+            extend = r.target - hit
+            est = 1 if w.role is Role.PREFILL else admission_estimate(r)
+            if extend + est >= avail + w.tree.evictable - offset:  # check_prefill: total < remaining_total
+                w.tree.unlock(node)
+                break
+            w.waiting.popleft()
+            offset += extend + est
+            r.node, r.prefix, r.prefilled = node, hit, 0
+            if r.cached < 0:
+                r.cached = hit
+                w.cached_tokens += hit
+            r.stage = Stage.PREFILL
+            r.queue_s += now - r.submit_t
+            r.prefill_start = now
+            x = min(extend, budget)
+            parts.append((r, x))
+            budget -= x
+            if x < extend:
+                w.chunked = r
+                break
+        return parts
 
     # ------------------------------------------------------------------ the driver
     async def drive(self, w: EmulatedServer) -> None:
@@ -376,7 +379,7 @@ class IterationLoop:
             self._abort_worker(w)
 
     async def _drive_loop(self, w: EmulatedServer) -> None:
-        """Per-worker event loop: admit, then one prefill chunk or one decode span, and repeat."""
+        """Per-worker event loop: admit, then one prefill batch or one decode span, and repeat."""
         loop = asyncio.get_running_loop()
         while True:
             if w.wake.done():
@@ -385,38 +388,44 @@ class IterationLoop:
             if w.paused or w.status is not ServerStatus.READY:
                 await w.wake
                 continue
-            self._admit(w, now)
+            if w.role is Role.DECODE:
+                await self._admit_decode(w, now)
             if w.joining:
                 for r in w.joining:
                     self._join_decode(w, r, now)
                 w.joining.clear()
-            if w.prefilling:
-                await self._prefill_chunk(w, now)
+            parts = self._form_prefill(w, now)
+            if parts:
+                await self._prefill_chunk(w, parts, now)
                 continue
             if w.n_decoding:
                 await self._decode_span(w, now)
                 continue
+            if not w.waiting and w.chunked is None and not w.kv_wait and not w.offloaded:
+                w.ratio.reset()  # idle (self_check_during_idle)
             await w.wake
 
-    async def _prefill_chunk(self, w: EmulatedServer, now: float) -> None:
-        budget = self.emu.chunk_tokens
-        parts: list[tuple[EmulatedRequest, int]] = []
-        for r in w.prefilling:
-            todo = r.input_len - r.cached - r.prefilled
-            take = min(todo, budget)
-            if take > 0:
-                parts.append((r, take))
-                budget -= take
-            if budget <= 0:
-                break
-        chunk = [(x, r.cached + r.prefilled) for r, x in parts]
-        dt = pre = self.costs.prefill_chunk_s(chunk)
+    async def _prefill_chunk(self, w: EmulatedServer, parts: list[tuple[EmulatedRequest, int]], now: float) -> None:
+        """Run one prefill batch (``parts``: request, new tokens), then move each request on: an
+        unfinished prompt is inserted and held (``cache_unfinished_req``), a finished one emits
+        its first token and decodes here (colocated) or waits for its transfer (PD prefill)."""
+        chunk = [(x, r.prefix + r.prefilled) for r, x in parts]
+        for r, x in parts:
+            self._alloc(w, x)
+            r.owned += x
+        kernels = self.costs.prefill_chunk_s(chunk)
         mixed = self.emu.mixed_chunk and w.n_decoding > 0
         if mixed:  # the running decodes ride along, one token each (module docstring)
-            dt = self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
+            self._alloc(w, w.n_decoding)
+            kernels = self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
+        extra = self.overheads.extend_s(len(parts), sum(x for _, x in parts), kernels)
+        dt = kernels + extra
         w.events += 1
+        w.sched_s += extra
         await self.clock.sleep(dt)
         end = self.clock.now()
+        pre = dt if not mixed else dt - (self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
+                                         - self.costs.prefill_chunk_s(chunk))
         w.prefill_busy_s += pre
         w.prefill_tokens += sum(x for _, x in parts)
         # decode stalled for the chunk (or rode along): it counts as decode time with the current batch
@@ -431,28 +440,218 @@ class IterationLoop:
             self._finish_due(w, end)
         for r, x in parts:
             if r.stage is not Stage.PREFILL:
-                continue  # aborted meanwhile
+                continue  # aborted meanwhile (its KV was freed then)
             r.prefilled += x
-            if r.cached + r.prefilled >= r.input_len:
-                w.prefilling.remove(r)
-                r.prefill_end = end
-                r.prefill_s = end - r.prefill_start
-                r.generated = 1  # the prefill pass emits the first token
-                if r.pd:
-                    r.p_reserved, r.reserved = r.reserved, 0
-                    r.stage = Stage.KV_WAIT
-                    if r.max_new <= 1:
-                        self.release_prefill_kv(r)
-                        r.stage = Stage.DONE
-                        self._inflight.pop(r.rid, None)
-                    r.fut.set_result(None)
-                elif r.max_new <= 1:
-                    self.free(w, r, cache_len=r.input_len + 1)
+            done = r.prefix + r.prefilled
+            if done < r.target:  # cache_unfinished_req: the computed prompt enters the tree, held
+                self._hold_prefix(w, r, min(done, r.input_len), end)
+                continue
+            if w.chunked is r:
+                w.chunked = None
+            r.prefill_end = end
+            r.prefill_s += end - r.prefill_start
+            r.generated += 1  # the prefill pass emits a token
+            if r.pd:
+                r.p_node, r.p_owned, r.p_prefix = r.node, r.owned, r.prefix
+                r.node, r.owned, r.prefix = None, 0, 0
+                r.stage = Stage.KV_WAIT
+                if r.generated >= r.stop:
+                    self.release_prefill_kv(r)
                     r.stage = Stage.DONE
                     self._inflight.pop(r.rid, None)
-                    r.fut.set_result(None)
-                else:
-                    self._join_decode(w, r, end)
+                r.fut.set_result(None)
+            elif r.generated >= r.stop:
+                self._insert_finished(w, r, r.target)
+                r.stage = Stage.DONE
+                self._inflight.pop(r.rid, None)
+                r.fut.set_result(None)
+            else:
+                self._join_decode(w, r, end)
+
+    def _hold_prefix(self, w: EmulatedServer, r: EmulatedRequest, upto: int, now: float) -> None:
+        """Insert ``r``'s prompt up to ``upto`` below its held path and hold the new path instead."""
+        if upto <= r.prefix or r.node is None:
+            return
+        _, node = w.tree.insert(r.input_ids, now, start=r.node, offset=r.prefix, limit=upto)
+        w.tree.lock(node)
+        w.tree.unlock(r.node)
+        moved = upto - r.prefix  # now the tree's (or freed, where another request had inserted them)
+        r.owned -= moved
+        w.owned -= moved
+        r.node, r.prefix, r.prefilled = node, upto, r.prefilled - moved
+
+    # ------------------------------------------------------------------ decode batch
+    def _join_decode(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
+        r.stage = Stage.DECODE
+        r.decode_start = now
+        r.join_step = w.steps
+        r.gen0 = r.generated
+        r.owned0 = r.owned
+        r.finish_step = w.steps + (r.stop - r.generated)
+        r.conc0 = w.conc_cum
+        r.dtime0 = w.dtime_cum
+        w.seq += 1
+        heapq.heappush(w.decoding, (r.finish_step, w.seq, r))
+        w.n_decoding += 1
+        w.ctx_sum += r.input_len + r.generated
+
+    def leave_decode(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
+        """Remove ``r`` from the batch (lazy heap deletion) after bringing its count up to date;
+        ``r.owned``: the KV it holds as ``w.owned`` counts it (the span in progress is not)."""
+        steps = w.steps
+        if w.span is not None:
+            t0, k_max, base_steps, span = w.span
+            steps = base_steps + span.within(now - t0, k_max)
+        r.generated = r.gen0 + (steps - r.join_step)
+        w.decode_tokens += steps - w.steps  # its tokens of the span in progress (the span counts the others')
+        dtime = w.dtime_cum - r.dtime0
+        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else float(max(w.n_decoding, 1))
+        r.owned = r.owned0 + (w.steps - r.join_step)
+        w.n_decoding -= 1
+        w.ctx_sum -= r.input_len + r.gen0 + (w.steps - r.join_step)
+        r.join_step = -1  # marks "left" for the lazy heap
+
+    def _finish(self, w: EmulatedServer, r: EmulatedRequest, now: float) -> None:
+        r.generated = r.stop
+        dtime = w.dtime_cum - r.dtime0
+        r.conc = (w.conc_cum - r.conc0) / dtime if dtime > 0 else 1.0
+        r.decode_s += now - r.decode_start
+        r.owned = r.owned0 + (r.stop - r.gen0)
+        w.n_decoding -= 1
+        w.ctx_sum -= r.input_len + r.stop
+        r.join_step = -1
+        self._insert_finished(w, r, r.input_len + r.stop - 1)
+        r.stage = Stage.DONE
+        self._inflight.pop(r.rid, None)
+        if not r.fut.done():
+            r.fut.set_result(None)
+
+    def _running(self, w: EmulatedServer) -> list[EmulatedRequest]:
+        """The decode batch, each request's ``generated`` brought up to ``w.steps``."""
+        out = []
+        for _, _, r in w.decoding:
+            if r.join_step >= 0:
+                r.generated = r.gen0 + (w.steps - r.join_step)
+                out.append(r)
+        return out
+
+    async def _retract(self, w: EmulatedServer, now: float) -> None:
+        """``update_running_batch`` when the next step does not fit (``emulated_sched``): retract
+        until it does; colocated requests go back to the waiting queue, a PD decode worker's are
+        offloaded to host memory (the copy stalls the worker)."""
+        reqs = self._running(w)
+        keep = retraction_order(reqs)
+        out: list[EmulatedRequest] = []
+        first = True
+        while first or w.available + w.tree.evictable < len(keep):
+            if len(keep) <= 1:
+                break
+            first = False
+            r = reqs[keep.pop()]
+            self.leave_decode(w, r, now)
+            r.decode_s += now - r.decode_start
+            w.owned -= r.owned
+            w.retracted += 1
+            w.retracted_tokens += r.owned + r.prefix
+            if r.node is not None:
+                w.tree.unlock(r.node)
+                r.node = None
+            r.prefix = 0
+            w.tree.evict(len(keep) * RETRACT_DECODE_STEPS)
+            r.retractions += 1
+            out.append(r)
+        if len(keep) <= 1 and keep and w.available + w.tree.evictable < len(keep):
+            r = reqs[keep.pop()]  # even alone it does not fit: SGLang aborts it (out of memory)
+            self.leave_decode(w, r, now)
+            w.owned -= r.owned
+            r.owned = 0
+            if r.node is not None:
+                w.tree.unlock(r.node)
+                r.node = None
+            r.stage = Stage.DONE
+            self._inflight.pop(r.rid, None)
+            r.fut.set_exception(EngineError(w.id, f"request {r.rid} alone outgrows the KV pool of {w.capacity} "
+                                                  "tokens; shorten the trajectory limit"))
+        w.ratio.current = ratio_after_retract([reqs[i] for i in keep])
+        copy = 0
+        for r in out:
+            if w.role is Role.DECODE:
+                r.stage = Stage.OFFLOADED
+                copy += r.owned
+                w.offloaded.append(r)
+            else:
+                r.stage = Stage.WAITING
+                r.target = r.input_len + r.generated
+                r.prefilled = r.owned = 0
+                r.submit_t = now
+                w.waiting.append(r)
+        if copy:
+            dt = self.overheads.host_copy_s(copy)
+            w.sched_s += dt
+            w.events += 1
+            await self.clock.sleep(dt)
+
+    async def _admit_decode(self, w: EmulatedServer, now: float) -> None:
+        """A PD decode worker's ``DecodePreallocQueue`` (``emulated_sched``): offloaded requests
+        resume first (their KV copied back), then transferred ones are admitted FIFO while
+        ``prompt + 512 <= available - 512 x active`` (less what the offloaded ones need)."""
+        active = w.n_decoding + len(w.joining) + w.transferring
+        copy = 0
+        while w.offloaded and active < self.emu.max_running:
+            r = w.offloaded[0]
+            if r.owned + NUM_RESERVED_DECODE_TOKENS > w.available - NUM_RESERVED_DECODE_TOKENS * active:
+                break
+            w.offloaded.popleft()
+            self._alloc(w, r.owned)
+            copy += r.owned
+            r.stage = Stage.DECODE
+            w.joining.append(r)
+            active += 1
+        if copy:
+            dt = self.overheads.host_copy_s(copy)
+            w.sched_s += dt
+            w.events += 1
+            await self.clock.sleep(dt)
+            now = self.clock.now()
+        pending = sum(r.owned + NUM_RESERVED_DECODE_TOKENS for r in w.offloaded)
+        while w.kv_wait and active < self.emu.max_running:
+            r = w.kv_wait[0]
+            if r.input_len + NUM_RESERVED_DECODE_TOKENS > (w.available - NUM_RESERVED_DECODE_TOKENS * active
+                                                            - pending):
+                break
+            w.kv_wait.popleft()
+            self._alloc(w, r.input_len)
+            r.owned = r.input_len
+            r.stage = Stage.TRANSFER
+            w.transferring += 1
+            active += 1
+            r.kv_wait_s = now - r.prefill_end
+            r.queue_s += r.kv_wait_s
+            if not r.fut.done():
+                r.fut.set_result(None)
+
+    def _admission_opens(self, w: EmulatedServer, now: float) -> int | None:
+        """Decode steps after which the waiting head fits the estimate rule as ``new_token_ratio``
+        decays (``budget(k) = A - n k + E_v - ratio(k) sum est_i``; None: not within this span)."""
+        if w.role is Role.DECODE or not w.waiting or w.chunked is not None:
+            return None
+        n = w.n_decoding
+        if n + len(w.joining) >= self.emu.max_running:
+            return None
+        r = w.waiting[0]
+        limit = r.input_len - 1 if r.target == r.input_len else r.input_len
+        hit, _ = w.tree.match(r.input_ids, now, limit=limit)
+        need = r.target - hit + admission_estimate(r)
+        ratio = w.ratio
+        if ratio.current <= 0:
+            return None
+        est = self._running_offset(w) / ratio.current
+        gain = ratio.decay * est - n  # tokens of budget gained per step
+        if gain <= 0:
+            return None
+        gap = need + ratio.current * est - w.available - w.tree.evictable
+        k = max(math.floor(gap / gain) + 1, 1)
+        return k if ratio.current - k * ratio.decay >= ratio.min else None
 
     async def _decode_span(self, w: EmulatedServer, now: float) -> None:
         # drop lazily-deleted heap heads
@@ -460,17 +659,27 @@ class IterationLoop:
             heapq.heappop(w.decoding)
         if not w.decoding:
             return
-        n, ctx0 = w.n_decoding, w.ctx_sum
-        k_max = w.decoding[0][0] - w.steps
-        span = self.costs.span(n, ctx0, k_max)
+        n = w.n_decoding
+        room = w.available + w.tree.evictable
+        if room < n:  # check_decode_mem failed
+            await self._retract(w, now)
+            return
+        k_max = min(w.decoding[0][0] - w.steps, room // n)
+        opens = self._admission_opens(w, now)
+        if opens is not None:
+            k_max = min(k_max, opens)
+        blocked = bool(w.waiting) or bool(w.kv_wait) or bool(w.offloaded)  # already tried: cannot enter now
+        ctx0 = w.ctx_sum
+        base = self.costs.span(n, ctx0, k_max)
+        span = self.overheads.decode_span(base, n, k_max)
         w.span = (now, k_max, w.steps, span)
         w.events += 1
         full = span.total(k_max)
         loop = asyncio.get_running_loop()
         k = k_max
         while await self.clock.wait(w.wake, now + full):
-            if w.waiting or w.joining or w.kv_wait or w.paused or w.status is not ServerStatus.READY or (
-                    w.n_decoding != n):
+            if ((w.waiting and not blocked) or w.joining or (w.kv_wait and not blocked) or w.paused
+                    or w.status is not ServerStatus.READY or w.n_decoding != n):
                 # cut the span at the end of the iteration in progress (requests join at boundaries)
                 k = span.within(self.clock.now() - now, k_max)
                 if k < k_max:
@@ -484,9 +693,16 @@ class IterationLoop:
         w.dtime_cum += dt
         w.conc_cum += dt * n  # the batch the span ran at (a request aborted in it left at its cut)
         w.decode_busy_s += dt
+        if span is not base:
+            w.sched_s += dt - base.total(k)
         w.decode_tokens += w.n_decoding * k
         w.steps += k
         w.ctx_sum += w.n_decoding * k
+        w.owned += w.n_decoding * k
+        short = -w.available
+        if short > 0:
+            w.tree.evict(short)
+        w.ratio.decay_steps(k)
         self._log_span(w, n, ctx0, k, now, end)
         self._finish_due(w, end)
 
@@ -496,6 +712,49 @@ class IterationLoop:
             _, _, r = heapq.heappop(w.decoding)
             if r.join_step >= 0:
                 self._finish(w, r, end)
+
+    # ------------------------------------------------------------------ aborts
+    def abort_request(self, r: EmulatedRequest) -> None:
+        """End ``r`` now with the tokens completed so far: every queue it sits in, the KV it holds
+        on each worker (computed tokens enter the radix cache, as a finished request's do)."""
+        if r.stage is Stage.DONE:
+            return
+        now = self.clock.now()
+        stage = r.stage
+        for wid in r.workers:
+            w = self._workers.get(wid)
+            if w is None:
+                continue
+            if r in w.waiting:
+                w.waiting.remove(r)
+            if r in w.kv_wait:
+                w.kv_wait.remove(r)
+            if r in w.offloaded:
+                w.offloaded.remove(r)
+                r.owned = 0  # its KV sits in host memory
+            if r in w.joining:
+                w.joining.remove(r)
+                r.join_step = -1
+            w.poke()
+        holder = self._workers.get(r.holder) if r.workers else None
+        if holder is not None:
+            if stage is Stage.PREFILL:
+                if holder.chunked is r:
+                    holder.chunked = None
+                self._insert_finished(holder, r, r.prefix + r.prefilled)
+            elif stage is Stage.DECODE and r.join_step >= 0:
+                self.leave_decode(holder, r, now)
+                r.decode_s += now - r.decode_start
+                self._insert_finished(holder, r, r.input_len + r.generated - 1)
+            elif stage is Stage.DECODE or stage is Stage.TRANSFER:
+                if stage is Stage.TRANSFER:
+                    holder.transferring -= 1
+                self._insert_finished(holder, r, 0)
+        self.release_prefill_kv(r)
+        r.aborted = True
+        r.stage = Stage.DONE
+        if not r.fut.done():
+            r.fut.set_result(None)
 
     def _log_span(self, w: EmulatedServer, n: int, context: int, k: int, start: float, end: float) -> None:
         """Log ``k`` decode iterations of ``w`` at the batch ``n`` and total context ``context`` the

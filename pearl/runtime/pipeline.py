@@ -97,6 +97,11 @@ class TokenContext(Sequence[int]):
     def __len__(self) -> int:
         return self._n
 
+    def flat(self) -> tuple[list[int], int]:
+        """The shared buffer and this view's length (positions below it never change): for an
+        engine that slices a context without copying it (``pearl.engines.radix_cache.flat``)."""
+        return self._buf, self._n
+
     @overload
     def __getitem__(self, i: int) -> int: ...
     @overload

@@ -8,7 +8,9 @@ targets by weighted least squares on makespan *ratios*:
 
     loss(theta) = sum_t w_t ((y_t(theta) - y*_t) / sigma_t)^2
 
-``y_t`` a target's measured quantity (a ratio of makespans averaged over the seeds, or a share),
+``y_t`` a target's measured quantity (a ratio of makespans averaged over the seeds, or a share;
+each batch with the trainer's weight update landing ``train.step_time_s`` into it, as in the
+asynchronous steady state: the update flushes every prefix cache),
 ``y*_t`` the paper's value, ``sigma_t`` its tolerance (half the paper's range where it gives one,
 else 2 points; one batch's noise is 3-8 %, so ``S >= 8`` puts the mean's noise near 1-2 %).
 Rank targets (the best split at a batch size) score ``max(0, ln(M_target / M_best)) / sigma``.
@@ -20,6 +22,9 @@ The targets (``TARGETS``; docs/paper.md):
 * Sec. 3.1 ``gpus-16-24``, ``gpus-24-32``: 8B colocated, ``M(24) / M(16)`` = 1 - 10.3 %,
   ``M(32) / M(24)`` = 1 - 8.9 %; ``unlimited``: ``M(64) / T_train`` = 216.3 / 163.8;
 * Sec. 3.2 ``prefill-share``: 30B-A3B colocated on 8 GPUs, prefill's share of busy time 26.48 %;
+  ``prompt-token-share``: the same run, prompt tokens (computed or served from the prefix cache)
+  over all tokens, 96.68 % ("prefill processes 96.68 % of tokens": a prompt's cached tokens are
+  processed by the prefill batch that serves it);
 * Sec. 3.3 ``bs32``, ``bs96``: 30B-A3B on 8 GPUs, best split's throughput over colocation
   ``M_coloc / M_best - 1`` = +9.7 % / -6.1 %; ``bs48-4P4D``, ``bs64-5P3D``: those splits are the best;
 * Fig. 7 ``+PD`` column, ``fig7-<model>-<n>``: best split over colocation on n = 4, 8, 12, 16 GPUs,
@@ -93,7 +98,9 @@ class Key:
     batch: int = 64
 
 
-Runs = dict[tuple[Key, int], tuple[float, float]]  # (key, seed) -> (makespan, prefill time share)
+#: the phase-split shares a run keeps besides its makespan (``EmulatedEngine.phase_split``)
+SHARES = ("prefill_time_share", "prompt_token_share")
+Runs = dict[tuple[Key, int], tuple[float, ...]]  # (key, seed) -> (makespan, *SHARES)
 
 
 def _split_labels(n: int) -> list[str]:
@@ -108,7 +115,7 @@ class Target:
     paper: float
     sigma: float
     allocations: Callable[[], list[Key]]
-    value: Callable[[Callable[[Key], list[float]], Callable[[Key], list[float]]], float]
+    value: Callable[[Callable[[Key], list[float]], Callable[[Key, str], list[float]]], float]
     weight: float = 1.0
     rank: bool = False  # value is ln(M_target / M_best) >= 0, scored one-sided
 
@@ -130,7 +137,7 @@ def _best_gain(model: str, n: int, batch: int = 64) -> tuple[Callable[[], list[K
     def keys() -> list[Key]:
         return [coloc, *splits]
 
-    def value(ms: Callable[[Key], list[float]], _ps: Callable[[Key], list[float]]) -> float:
+    def value(ms: Callable[[Key], list[float]], _ps: Callable[[Key, str], list[float]]) -> float:
         # the best split per seed (the engine's pick is the predictor's business, not the physics')
         per_seed = [min(col) for col in zip(*(ms(k) for k in splits), strict=True)]
         return statistics.fmean(c / b - 1.0 for c, b in zip(ms(coloc), per_seed, strict=True))
@@ -142,7 +149,7 @@ def _is_best(model: str, n: int, label: str, batch: int) -> tuple[Callable[[], l
     splits = [Key(model, n, lab, batch) for lab in _split_labels(n)]
     target = Key(model, n, label, batch)
 
-    def value(ms: Callable[[Key], list[float]], _ps: Callable[[Key], list[float]]) -> float:
+    def value(ms: Callable[[Key], list[float]], _ps: Callable[[Key, str], list[float]]) -> float:
         means = {k: statistics.fmean(ms(k)) for k in splits}
         return math.log(means[target] / min(means.values()))
 
@@ -162,7 +169,9 @@ def _targets() -> list[Target]:
                       lambda ms, _ps: statistics.fmean(ms(c64)) / T_TRAIN_S))
     p8 = Key("30b", 8, "coloc")
     out.append(Target("prefill-share", "Sec. 3.2", 0.2648, 0.01, lambda: [p8],
-                      lambda _ms, ps: statistics.fmean(ps(p8))))
+                      lambda _ms, ps: statistics.fmean(ps(p8, "prefill_time_share"))))
+    out.append(Target("prompt-token-share", "Sec. 3.2", 0.9668, 0.005, lambda: [p8],
+                      lambda _ms, ps: statistics.fmean(ps(p8, "prompt_token_share"))))
     for batch, paper in ((32, 0.097), (96, -0.061)):
         keys, value = _best_gain("30b", 8, batch)
         out.append(Target(f"bs{batch}", "Sec. 3.3", paper, 0.02, keys, value))
@@ -182,7 +191,7 @@ TARGETS: list[Target] = _targets()
 
 #: the paper's colocated single-system figures (Sec. 2.1, 3.1, 3.2): ``--targets colocated``; with the
 #: measured kernel tables the fit sees these only, so every P:D figure is out of sample
-COLOCATED = ("rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share")
+COLOCATED = ("rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share", "prompt-token-share")
 
 
 def select_targets(spec: str | None) -> list[Target]:
@@ -223,8 +232,8 @@ def _bounds(section: str, name: str) -> tuple[float, float]:
 PARAMS: dict[str, Param] = {
     name: Param(name, section, *_bounds(section, name))
     for section, names in (
-        ("engine", ("prefix_reuse_colocated", "prefix_reuse_prefill", "kv_read_efficiency", "weight_read_efficiency",
-                    "decode_step_s", "prefill_forward_s", "prefill_mfu", "memory_utilization", "decode_kv_reserve")),
+        ("engine", ("host_cpu_factor", "launch_per_layer_s", "kv_read_efficiency", "weight_read_efficiency",
+                    "decode_step_s", "prefill_forward_s", "prefill_mfu", "memory_utilization")),
         ("workload", ("response_tokens", "observation_tokens", "env_step_s")),
     )
     for name in names
@@ -281,16 +290,20 @@ class Evaluation:
     runs: Runs = field(default_factory=dict, repr=False)
 
 
-def _measure(model: str, base: PhysicsFile, theta: Theta, key: Key, seed: int) -> tuple[float, float]:
+def _measure(model: str, base: PhysicsFile, theta: Theta, key: Key, seed: int) -> tuple[float, ...]:
+    """One batch of ``key`` on ``seed``, with the trainer's weight update landing ``train.step_time_s``
+    into it (the asynchronous steady state: the previous batch's step ends then): its makespan and
+    ``SHARES``."""
     cfg_name = MODELS[model]
     phys, means = _apply(base, theta, cfg_name)
     cfg = load_preset_config(cfg_name, "paper", {"workload.seed": seed, "workload.batch_size": key.batch}, means)
     engines: list[EmulatedEngine] = []
-    m, _ = measure_makespan(cfg, key.n, key.label, 1, physics=phys, engines=engines)
-    return m, engines[0].phase_split()["prefill_time_share"]
+    m, _ = measure_makespan(cfg, key.n, key.label, 1, physics=phys, engines=engines, sync_at_s=cfg.train.step_time_s)
+    split = engines[0].phase_split()
+    return (m, *(split[k] for k in SHARES))
 
 
-def _measure_job(job: tuple[str, PhysicsFile, Theta, Key, int]) -> tuple[float, float]:
+def _measure_job(job: tuple[str, PhysicsFile, Theta, Key, int]) -> tuple[float, ...]:
     return _measure(*job)
 
 
@@ -314,8 +327,9 @@ def evaluate(theta: Theta, targets: Sequence[Target], seeds: int, bases: Mapping
     def ms(k: Key) -> list[float]:
         return [runs[(k, s)][0] for s in range(seeds)]
 
-    def ps(k: Key) -> list[float]:
-        return [runs[(k, s)][1] for s in range(seeds)]
+    def ps(k: Key, share: str) -> list[float]:
+        i = 1 + SHARES.index(share)
+        return [runs[(k, s)][i] for s in range(seeds)]
 
     values = {t.name: t.value(ms, ps) for t in targets}
     residuals = {t.name: t.residual(values[t.name]) for t in targets}

@@ -128,7 +128,7 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "calibrate", help="fit the emulator's free constants to the paper's single-system measurements",
         description="Weighted least squares on makespan ratios (pearl/sim/calibrate.py): a coarse grid, then "
                     "local search; writes the constants and every target's residual to configs/emulator/.")
-    p.add_argument("--params", default="prefix_reuse_colocated,decode_kv_reserve,memory_utilization",
+    p.add_argument("--params", default="host_cpu_factor,launch_per_layer_s,response_tokens,observation_tokens,env_step_s",
                    help="comma list of constants to fit (pearl.sim.calibrate.PARAMS)")
     p.add_argument("--targets", default="colocated",
                    help="comma list of target names or prefixes ('colocated': Sec. 2.1, 3.1, 3.2; '' for all)")

@@ -63,7 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "workload.test_run_prob": 0.05,
         "workload.test_run_s": {"mean": 8, "cv": 0.6, "min": 2, "max": 120},
         "workload.prefix_cache_hit": 0.3,
-        "emulator.prefix_reuse": 0.3,
+        "workload.shared_prompt_tokens": 2000,
+        "workload.max_response_tokens": 32768,
     },
 }
 

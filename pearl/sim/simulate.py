@@ -232,8 +232,9 @@ async def _run(cfg: RunConfig, events: list[TimedEvent], duration_s: float,
                progress: Callable[[float], None] | None,
                schedule: Sequence[tuple[float, dict[int, str]]] = ()) -> dict[str, Any]:
     clock = LoopClock()
-    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg), iteration_log=[])
     factory = SyntheticSessionFactory(cfg.workload, clock)
+    engine = EmulatedEngine.from_config(cfg, clock, EmulatedEngine.emulator_physics(cfg), iteration_log=[],
+                                        responses=factory)
     ctrl = Controller(cfg, engine, factory, clock=clock)
     await ctrl.start()
     t0 = clock.now()
@@ -493,33 +494,55 @@ def run_simulation(cfg: RunConfig, tl: GpuTimeline | None, systems: Sequence[Sys
 
 # ------------------------------------------------------------------------------ batch search
 async def _measure(cfg: RunConfig, batches: int, physics: EmulatorPhysics | None = None,
-                   engines: list[EmulatedEngine] | None = None) -> tuple[list[float], Any]:
+                   engines: list[EmulatedEngine] | None = None, sync_at_s: float | None = None) -> tuple[list[float], Any]:
     clock = LoopClock()
+    factory = SyntheticSessionFactory(cfg.workload, clock)
     engine = EmulatedEngine.from_config(cfg, clock, physics if physics is not None else
-                                        EmulatedEngine.emulator_physics(cfg), iteration_log=[])
+                                        EmulatedEngine.emulator_physics(cfg), iteration_log=[], responses=factory)
     if engines is not None:
         engines.append(engine)
-    factory = SyntheticSessionFactory(cfg.workload, clock)
     ctrl = Controller(cfg, engine, factory, clock=clock, max_batches=batches)
     await ctrl.start()
+
+    async def updates() -> None:  # the trainer's update lands sync_at_s into each batch
+        assert sync_at_s is not None
+        start = clock.now()  # batch b + 1 starts as batch b ends (the staleness bound admits it)
+        for _ in range(batches):
+            done = asyncio.ensure_future(ctrl.pipeline.wait_batch())
+            try:
+                if not await clock.wait(done, start + sync_at_s):  # still running at the update
+                    await ctrl.publish(ctrl.pipeline.weights[0] + 1)
+                    await done
+            finally:
+                done.cancel()
+            start = clock.now()
+
+    task = asyncio.get_running_loop().create_task(updates(), name="measure-updates") if sync_at_s else None
     try:
         await ctrl.wait_batches(batches)
         return list(ctrl.pipeline.stats.batch_makespans), ctrl.tracker
     finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         await ctrl.stop()
 
 
 def measure_makespan(cfg: RunConfig, n: int, label: str, batches: int = 1, physics: EmulatorPhysics | None = None,
-                     engines: list[EmulatedEngine] | None = None) -> tuple[float, Any]:
+                     engines: list[EmulatedEngine] | None = None, sync_at_s: float | None = None) -> tuple[float, Any]:
     """Mean measured batch makespan of ``n`` fixed workers in allocation ``label`` (and the tracker).
     ``physics``: the emulator's constants (default: the model's ``configs/emulator`` file);
-    ``engines``: if given, the engine is appended to it (its telemetry: ``phase_split``)."""
+    ``engines``: if given, the engine is appended to it (its telemetry: ``phase_split``);
+    ``sync_at_s``: a weight update (every worker paused, its requests aborted and resumed, its
+    prefix cache flushed) lands that many seconds into each batch, as the trainer's does in the
+    asynchronous steady state when the previous batch's training step ends (``train.step_time_s``
+    after this batch starts); None: none."""
     policy = cfg.policy.model_copy(update={"use_preemptible": False, "borrow_enabled": False,
                                            "allocation_overrides": {n: label}, "allow_disaggregation": True,
                                            "max_staleness": max(cfg.policy.max_staleness, batches)})
     cluster = cfg.cluster.model_copy(update={"reserved_gpus": n * cfg.cluster.tp_size, "max_preemptible_gpus": 0})
     c = cfg.model_copy(update={"policy": policy, "cluster": cluster})
-    spans, tracker = run_virtual(_measure(c, batches, physics, engines))
+    spans, tracker = run_virtual(_measure(c, batches, physics, engines, sync_at_s))
     if not spans:
         raise SimulationError(f"measuring {label} on {n} workers: no batch completed")
     return statistics.fmean(spans), tracker

@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pearl.config import EmulatorSpec, load_config
-from pearl.core.state import Role
-from pearl.engines.emulated import EmulatedEngine
+from pearl.config import load_config
 from pearl.engines.emulated_costs import WorkerCosts
 from pearl.engines.emulated_physics import (
     MOE_KERNEL_TABLES,
@@ -22,7 +20,6 @@ from pearl.engines.emulated_physics import (
     min_memory_utilization,
     moe_curve,
 )
-from pearl.runtime.clock import LoopClock
 
 
 @pytest.mark.parametrize("name", ["qwen3-8b-h200", "qwen3-30b-a3b-h200"])
@@ -88,13 +85,12 @@ def test_memory_bound_is_the_5p3d_feasibility_at_batch_64() -> None:
     assert 3 * c.kv_capacity_tokens >= 64 * 32768
 
 
-def test_reuse_is_per_role_and_defaults_to_the_emulator_spec() -> None:
-    cfg = load_config("qwen3-8b-h200")
-    eng = EmulatedEngine(cfg.model, cfg.hardware, LoopClock(), EmulatorSpec(prefix_reuse=0.3))
-    assert eng._reuse == {Role.COLOCATED: 0.3, Role.PREFILL: 0.3}
-    eng = EmulatedEngine(cfg.model, cfg.hardware, LoopClock(), EmulatorSpec(prefix_reuse=0.3),
-                         physics=EmulatorPhysics(prefix_reuse_colocated=0.5, prefix_reuse_prefill=0.9))
-    assert eng._reuse == {Role.COLOCATED: 0.5, Role.PREFILL: 0.9}
+@pytest.mark.parametrize("retired", ["prefix_reuse_colocated", "prefix_reuse_prefill", "decode_kv_reserve"])
+def test_reuse_and_the_kv_reservation_are_mechanisms_not_constants(retired: str) -> None:
+    """The radix cache and SGLang's admission and retraction replaced the fitted reuse and rho: a
+    physics file that still sets one is refused, naming it."""
+    with pytest.raises(ValidationError, match=retired):
+        EmulatorPhysics.model_validate({retired: 0.5})
 
 
 def test_shipped_physics_files_load(tmp_path: Path) -> None:

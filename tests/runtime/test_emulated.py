@@ -231,21 +231,63 @@ def test_launch_times_and_injected_failure() -> None:
     assert healthy == (True, False)
 
 
-def test_prefix_reuse_fraction_and_no_driver_crash() -> None:
-    async def main(reuse: float):
+def test_the_radix_cache_serves_what_was_computed_and_a_flush_forgets_it() -> None:
+    """Reuse comes out of the tokens: a conversation's next turn finds its prompt and its output
+    less the last token (SGLang's cache_finished_req); another conversation finds only the prefix
+    it shares; a weight update flushes the tree."""
+    async def main():
         clock = LoopClock()
-        eng = EmulatedEngine.from_config(config(**{"emulator.prefix_reuse": reuse}), clock)
+        eng = EmulatedEngine.from_config(config(), clock)
         await _launch_all(eng, ("w", Role.COLOCATED))
         first = await eng.generate("w", _req("a", 1, 3001, 10))
         ctx = tuple(range(1, 3002)) + first.output_ids + tuple(range(90_000, 90_500))
         second = await eng.generate("w", GenerateRequest("a", ctx, SamplingParams(10), turn=2))
+        other = await eng.generate("w", GenerateRequest("b", tuple(range(1, 2001)) + tuple(range(70_000, 70_300)),
+                                                         SamplingParams(10)))
+        await eng.load_weights("w", "", 2)
+        flushed = await eng.generate("w", GenerateRequest("a", ctx, SamplingParams(10), turn=2, attempt=1))
+        stats = eng.radix_cache("w").stats()
         await eng.close()
-        return second, eng.crashes
+        return first, second, other, flushed, stats, eng.crashes
 
-    for reuse, expected in ((1.0, 3011), (0.5, 1505), (0.0, 0)):
-        second, crashes = run_virtual(main(reuse))
-        assert second.cached_tokens == expected and len(second.output_ids) == 10
-        assert crashes == []
+    first, second, other, flushed, stats, crashes = run_virtual(main())
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == 3001 + 10 - 1 and len(second.output_ids) == 10
+    assert other.cached_tokens == 2000
+    assert flushed.cached_tokens == 0
+    assert stats["protected"] == 0 and stats["evictable"] == len(flushed.output_ids) - 1 + 3001 + 10 + 500
+    assert crashes == []
+
+
+def test_kv_pressure_retracts_the_newest_request_and_it_resumes_losing_nothing() -> None:
+    """Two requests admitted on SGLang's estimate (4096 x new_token_ratio each) outgrow a small pool
+    while decoding: the one with fewer tokens generated is retracted (its KV freed, back to the
+    queue), re-prefills prompt + output and ends with exactly the tokens an unpressed run gives."""
+    async def main(memory_gb: float):
+        clock = LoopClock()
+        cfg = config()
+        hw = HardwareSpec(**{**cfg.hardware.model_dump(), "memory_gb": memory_gb})
+        eng = EmulatedEngine(cfg.model, hw, clock, EmulatorSpec())
+        await _launch_all(eng, ("w", Role.COLOCATED))
+        cap = eng.costs.kv_capacity_tokens
+        a = asyncio.create_task(eng.generate("w", _req("a", 1, 4000, 3000)))
+        await clock.sleep(0.1)
+        b = asyncio.create_task(eng.generate("w", _req("b", 1, 4000, 3000, start=60_000)))
+        ra, rb = await a, await b
+        split = eng.phase_split()
+        await eng.close()
+        return cap, ra, rb, split
+
+    cap, ra, rb, split = run_virtual(main(20.434))
+    _, ra0, rb0, split0 = run_virtual(main(141.0))
+    # b is admitted beside a (4000 + 3000 < cap - a's KV - 0.7 x a's 3000 left), both do not fit
+    assert 13_000 < cap < 14_000
+    assert split["retracted"] == 1 and split0["retracted"] == 0
+    assert (ra.output_ids, rb.output_ids) == (ra0.output_ids, rb0.output_ids)
+    assert len(rb.output_ids) == 3000
+    # b (fewer tokens generated when the pool ran out) paid its prompt and output again
+    assert split["prefill_tokens"] > split0["prefill_tokens"]
+    assert rb.timings.queue_s > 0.0
 
 
 def _chunk_beside_a_decode(mixed: bool):
@@ -291,3 +333,33 @@ def test_a_mixed_chunk_carries_the_running_decodes_one_token() -> None:
     assert split_on["prefill_busy_s"] == pytest.approx(split_off["prefill_busy_s"])
     # a is one iteration ahead after b's chunk: it finishes before it does with the chunk alone
     assert a_on.timings.decode_s < a_off.timings.decode_s
+
+
+def test_a_decode_worker_admits_on_the_512_token_reserve_and_offloads_under_pressure() -> None:
+    """SGLang's PD decode server (DecodePreallocQueue): a transferred request is admitted while
+    prompt + 512 <= free - 512 x active, so two fit beside each other and then outgrow the pool;
+    the retracted one's KV goes to host memory and comes back (no recompute) when the other ends.
+    Every token is made once, as in an unpressed run."""
+    async def main(memory_gb: float):
+        clock = LoopClock()
+        cfg = config()
+        hw = HardwareSpec(**{**cfg.hardware.model_dump(), "memory_gb": memory_gb})
+        eng = EmulatedEngine(cfg.model, hw, clock, EmulatorSpec())
+        await _launch_all(eng, ("p", Role.PREFILL), ("d", Role.DECODE))
+        a = asyncio.create_task(eng.generate_pd("p", "d", _req("a", 1, 4000, 3000)))
+        await clock.sleep(0.1)
+        b = asyncio.create_task(eng.generate_pd("p", "d", _req("b", 1, 4000, 3000, start=60_000)))
+        ra, rb = await a, await b
+        split = eng.phase_split()
+        await eng.close()
+        return eng.costs.kv_capacity_tokens, ra, rb, split
+
+    cap, ra, rb, split = run_virtual(main(20.434))
+    _, ra0, rb0, split0 = run_virtual(main(141.0))
+    assert 13_000 < cap < 14_000
+    assert split["retracted"] == 1 and split0["retracted"] == 0
+    assert (ra.output_ids, rb.output_ids) == (ra0.output_ids, rb0.output_ids)
+    assert len(ra.output_ids) == len(rb.output_ids) == 3000
+    # offloaded, not recomputed: the prefill work is the same; the host copies are engine time
+    assert split["prefill_tokens"] == split0["prefill_tokens"]
+    assert split["sched_s"] > split0["sched_s"]

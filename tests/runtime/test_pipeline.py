@@ -67,9 +67,10 @@ def test_colocated_batch_runs_every_turn_and_records_telemetry() -> None:
     assert len(window) == 4 * 3 and sum(1 for x in window if x.final) == 4
     assert {x.mode for x in window} == {"colocated"}
     assert all(x.output_tokens == 200 and x.env_s == 2.0 for x in window)
-    # turn 2 reuses turn 1's context from the prefix cache (sticky routing): 2000 + 200 cached
+    # turn 2 reuses turn 1's context from the radix cache (sticky routing): 2000 + 200 less the
+    # last token, whose KV is computed only by the next pass (SGLang's cache_finished_req)
     t2 = [x for x in window if x.turn == 2]
-    assert all(x.prompt_tokens == 2500 and x.cached_tokens == 2200 for x in t2)
+    assert all(x.prompt_tokens == 2500 and x.cached_tokens == 2199 for x in t2)
     assert pipe.stats.tokens_generated == 4 * 3 * 200
 
 

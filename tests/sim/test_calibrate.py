@@ -1,25 +1,21 @@
-"""The calibration: targets, bounds, grid, scoring, the written file, the CLI; and the KV-capacity
-mechanism it fits (a decode worker reserving beyond its response waits for KV on few workers)."""
+"""The calibration: targets, bounds, grid, scoring, the written file, the CLI."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pearl.engines.emulated import EmulatedEngine
 from pearl.engines.emulated_physics import EmulatorPhysics, PhysicsFile, load_physics
 from pearl.sim import calibrate as cal
 from pearl.sim.cli import main as sim_main
-from pearl.sim.presets import load_preset_config
-from pearl.sim.simulate import measure_makespan
 
 
 def test_targets_are_the_in_sample_list() -> None:
     names = [t.name for t in cal.TARGETS]
-    assert names == ["rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share", "bs32", "bs96",
+    assert names == ["rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share", "prompt-token-share",
+                     "bs32", "bs96",
                      "bs48-4P4D", "bs64-5P3D", *(f"fig7-{m}-{n}" for m in ("8b", "30b") for n in (4, 8, 12, 16))]
     by = {t.name: t for t in cal.TARGETS}
     assert by["fig7-8b-4"].paper == -0.206 and by["fig7-30b-4"].paper == -0.309
@@ -29,7 +25,8 @@ def test_targets_are_the_in_sample_list() -> None:
     with pytest.raises(cal.CalibrationError, match="unknown targets"):
         cal.select_targets("fig9")
     colocated = [t.name for t in cal.select_targets("colocated")]
-    assert colocated == ["rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share"]
+    assert colocated == ["rollout-share", "gpus-16-24", "gpus-24-32", "unlimited", "prefill-share",
+                         "prompt-token-share"]
 
 
 def test_residuals_rank_targets_one_sided() -> None:
@@ -44,8 +41,9 @@ def test_params_carry_the_pydantic_bounds_and_the_grid_is_cell_centres() -> None
     assert (p.lo, p.hi, p.section) == (0.55, 1.8, "engine")
     assert cal.PARAMS["env_step_s"].section == "workload"
     assert "moe_floor" not in cal.PARAMS  # fitted to kernel tables, never to the paper
-    grid = cal._grid([cal.PARAMS["decode_kv_reserve"], cal.PARAMS["prefix_reuse_prefill"]], 2)
-    assert grid == [{"decode_kv_reserve": a, "prefix_reuse_prefill": b} for a in (0.25, 0.75) for b in (0.25, 0.75)]
+    grid = cal._grid([cal.PARAMS["host_cpu_factor"], cal.PARAMS["launch_per_layer_s"]], 2)
+    assert grid == [{"host_cpu_factor": pytest.approx(a), "launch_per_layer_s": pytest.approx(b)}
+                    for a in (0.875, 1.625) for b in (9e-5, 2.3e-4)]
     with pytest.raises(cal.CalibrationError, match="grid=0"):
         cal._grid([p], 0)
 
@@ -68,12 +66,12 @@ def test_evaluate_scores_a_target_on_paired_seeds() -> None:
 
 def test_write_fit_records_constants_and_residuals(tmp_path: Path) -> None:
     targets = cal.select_targets("rollout-share")
-    ev = cal.Evaluation({"decode_kv_reserve": 0.5, "env_step_s": 2.0}, 1.0, {"rollout-share": 0.8},
+    ev = cal.Evaluation({"host_cpu_factor": 1.5, "env_step_s": 2.0}, 1.0, {"rollout-share": 0.8},
                         {"rollout-share": -0.9}, 1, 0.0)
     paths = cal.write_fit(ev, targets, {"command": "python -m pearl calibrate", "seeds": 8}, tmp_path)
     assert [p.name for p in paths] == ["qwen3-8b-h200.yaml", "qwen3-30b-a3b-h200.yaml"]
     pf = load_physics("qwen3-8b", "h200", tmp_path)
-    assert pf.engine.decode_kv_reserve == 0.5 and pf.workload.env_step_s == 2.0
+    assert pf.engine.host_cpu_factor == 1.5 and pf.workload.env_step_s == 2.0
     assert pf.fit["targets"]["rollout-share"] == {"section": "Sec. 2.1", "paper": 0.818, "emulated": 0.8,
                                                   "residual_sigma": -0.9}
     assert yaml.safe_load(paths[1].read_text())["model"] == "qwen3-30b-a3b"
@@ -88,42 +86,6 @@ def test_cli_rejects_unknown_targets_and_constants(capsys: pytest.CaptureFixture
     # the measured kernel tables (the default emulator.costs) cover the datasheet formulas' constants
     assert sim_main(["calibrate", "--params", "prefill_mfu,kv_read_efficiency", "--seeds", "1", "--dry-run"]) == 2
     assert "prefill_mfu, kv_read_efficiency: the measured kernel tables" in capsys.readouterr().err
-
-
-def _waits(reserve: float) -> tuple[float, dict[str, float]]:
-    cfg = load_preset_config("qwen3-30b-a3b-h200", "paper")
-    engines: list[EmulatedEngine] = []
-    phys = EmulatorPhysics(decode_kv_reserve=reserve)
-    m, _ = measure_makespan(cfg, 4, "2P2D", 1, physics=phys, engines=engines)
-    return m, engines[0].request_split()
-
-
-def test_kv_reservation_makes_few_decode_workers_wait() -> None:
-    """The mechanism: reserving the trajectory's remaining budget (rho = 1, the paper's B K_seq <=
-    N_D H_max) on 2 decode workers makes requests wait for KV room (kv_wait_s), not for a prefill
-    worker; with exact reservations they barely wait."""
-    m0, exact = _waits(0.0)
-    m1, budget = _waits(1.0)
-    per = {k: budget[k] / budget["requests"] for k in ("kv_wait_s", "prefill_queue_s")}
-    assert exact["kv_wait_s"] / exact["requests"] < 0.25 * per["kv_wait_s"]
-    assert per["kv_wait_s"] > 5 * per["prefill_queue_s"]
-    assert m1 > 1.05 * m0
-    assert budget["pd_requests"] == budget["requests"] > 0 and math.isfinite(budget["transfer_bytes"])
-
-
-def test_decode_need_formula() -> None:
-    cfg = load_preset_config("qwen3-8b-h200", "paper")
-    from pearl.runtime.clock import LoopClock
-
-    eng = EmulatedEngine(cfg.model, cfg.hardware, LoopClock(), cfg.emulator, 1,
-                         EmulatorPhysics(decode_kv_reserve=0.5), trajectory_tokens=32768)
-
-    class R:
-        input_len, max_new = 10000, 768
-
-    assert eng.iterations.decode_need(R(), 10**9) == 10768 + int(0.5 * (32768 - 10768))  # type: ignore[arg-type]
-    assert eng.iterations.decode_need(R(), 12000) == 12000  # capped by the pool  # type: ignore[arg-type]
-    assert eng.iterations.decode_need(R(), 5000) == 10768  # never below p + r  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("model", sorted(cal.MODELS))
@@ -149,9 +111,9 @@ def test_worker_processes_measure_what_this_process_does() -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     targets = cal.select_targets("fig7-8b-4")
-    serial = cal.evaluate({"decode_kv_reserve": 0.5}, targets, seeds=2)
+    serial = cal.evaluate({"host_cpu_factor": 1.5}, targets, seeds=2)
     with ProcessPoolExecutor(max_workers=2) as pool:
-        parallel = cal.evaluate({"decode_kv_reserve": 0.5}, targets, seeds=2, pool=pool)
+        parallel = cal.evaluate({"host_cpu_factor": 1.5}, targets, seeds=2, pool=pool)
     assert parallel.runs == serial.runs and parallel.loss == serial.loss
 
 
@@ -177,9 +139,11 @@ def test_the_search_can_start_from_the_files() -> None:
 
 def test_local_search_from_the_files_steps_a_sixth_of_the_bounds() -> None:
     lines: list[str] = []
-    start, fit, hist = cal.calibrate(["decode_kv_reserve"], cal.select_targets("fig7-8b-4"), seeds=1, grid=0,
+    start, fit, hist = cal.calibrate(["host_cpu_factor"], cal.select_targets("fig7-8b-4"), seeds=1, grid=0,
                                      local_rounds=1, progress=lines.append)
-    assert [e.theta for e in hist[:2]] == [{"decode_kv_reserve": 1.0}, {"decode_kv_reserve": round(1 - 1 / 6, 6)}]
+    start_value = load_physics("qwen3-8b", "h200").engine.host_cpu_factor or 1.0
+    assert [e.theta for e in hist[:2]] == [{"host_cpu_factor": start_value},
+                                          {"host_cpu_factor": round(max(start_value - 1.5 / 6, 0.5), 6)}]
     assert start.runs == hist[0].runs  # the files' values are the start: scored once
     assert fit.loss <= start.loss and any(line.startswith("final") for line in lines)
     with pytest.raises(cal.CalibrationError, match="jobs=0"):

@@ -1,4 +1,4 @@
-"""The emulator's token / time split (paper Sec. 3.2 quantities) and the paper preset's reuse."""
+"""The emulator's token / time split (paper Sec. 3.2 quantities) and the paper preset's agent."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ from pearl.runtime.clock import LoopClock, run_virtual
 from pearl.sim.presets import preset_overrides
 
 
-def _split(reuse: float) -> dict[str, float]:
+def _split(cached: bool) -> dict[str, float]:
+    """Two turns of one conversation; ``cached`` False: the weights change between them (a flush)."""
     async def main() -> dict[str, float]:
         clock = LoopClock()
-        eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200", {"emulator.prefix_reuse": reuse}), clock)
+        eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
         await eng.launch(ServerSpec("w", ("w",), Role.COLOCATED, ""))
         first = await eng.generate("w", GenerateRequest("a", tuple(range(1, 3001)), SamplingParams(200), turn=1))
+        if not cached:
+            await eng.load_weights("w", "", 2)
         ctx = tuple(range(1, 3001)) + first.output_ids + tuple(range(90_000, 90_500))
         await eng.generate("w", GenerateRequest("a", ctx, SamplingParams(100), turn=2))
         await eng.close()  # counters of stopped workers are kept
@@ -30,25 +33,28 @@ def _split(reuse: float) -> dict[str, float]:
 
 
 def test_phase_split_counts_every_token_once() -> None:
-    full, none = _split(1.0), _split(0.0)
+    full, none = _split(True), _split(False)
     for s in (full, none):
         # prompts 3000 + 3700 tokens, computed or cached; the first token of each reply comes from prefill
         assert s["prefill_tokens"] + s["cached_tokens"] == 3000 + 3700
         assert s["decode_tokens"] == (200 - 1) + (100 - 1)
         assert s["prefill_busy_s"] > 0 and s["decode_busy_s"] > 0
         assert s["prompt_token_share"] == pytest.approx(6700 / (6700 + 298))
-    assert full["cached_tokens"] == 3200 and none["cached_tokens"] == 0
+    assert full["cached_tokens"] == 3000 + 200 - 1 and none["cached_tokens"] == 0  # the last token's KV is not cached
     # recomputing the prefix costs prefill time, and shifts the time split towards prefill
     assert none["prefill_busy_s"] > full["prefill_busy_s"]
     assert none["prefill_time_share"] > full["prefill_time_share"]
     assert none["prefill_token_share"] > full["prefill_token_share"]
 
 
-def test_paper_preset_sets_the_calibrated_reuse_for_emulator_and_predictor_prior() -> None:
+def test_paper_preset_gives_the_agent_a_shared_system_prompt_and_a_budget_cap() -> None:
+    """The replays' workload: the prefix reuse is the radix cache's, so the preset sets no reuse;
+    it sets what the agent sends (a shared system prompt, max_new_tokens = the budget)."""
     ov = preset_overrides("paper")
-    assert ov["emulator.prefix_reuse"] == ov["workload.prefix_cache_hit"] == 0.3
+    assert not any(k.startswith("emulator.") for k in ov)
     cfg = load_config("qwen3-30b-a3b-h200", ov)
-    assert cfg.emulator.prefix_reuse == 0.3
+    assert cfg.workload.shared_prompt_tokens == 2000 < cfg.workload.system_prompt_tokens
+    assert cfg.workload.max_response_tokens == 32768
 
 
 def test_a_resumed_request_logs_its_extra_prefill() -> None:
@@ -91,7 +97,8 @@ def test_resumed_prefill_work_excludes_what_the_worker_interleaves() -> None:
         eng = EmulatedEngine.from_config(load_config("qwen3-8b-h200"), clock)
         await eng.launch(ServerSpec("w", ("w",), Role.COLOCATED, ""))
         loop = asyncio.get_running_loop()
-        other = loop.create_task(eng.generate("w", GenerateRequest("o", tuple(range(1, 30_001)), SamplingParams(50), turn=1)))
+        other = loop.create_task(eng.generate("w", GenerateRequest("o", tuple(range(100_001, 130_001)),
+                                                                   SamplingParams(50), turn=1)))
         resumed = GenerateRequest("t7", tuple(range(1, 12_001)), SamplingParams(50), turn=1, attempt=1)
         await eng.generate("w", resumed)
         await other
