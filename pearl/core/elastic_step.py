@@ -10,7 +10,7 @@ preemptible GPUs that are free: declined or still preparing), ``N = slots(G)`` t
 holds (live workers on it plus free TP groups). The target is decided once, in this order:
 
 1. ``decision.decide(N, B, hw, wl, policy, current)``: the best allocation with hysteresis
-   against the one in force;
+   against the one in force (at a fresh start, against colocation: the engine's default mode);
 2. ``override.apply_overrides``: ``allocation_overrides[N]``, then ``force_disaggregation``;
 2b. ``outlook.hold_for_schedule``: a switch is weighed again over the pool changes known to come
    within the batch (a running training step's overlap GPUs coming back, a reclaim, an expansion;
@@ -130,7 +130,10 @@ def replan_step(o: PoolOutlook, state: ClusterState, budget: frozenset[str], tp_
     docstring, steps 1-4). ``batch_boundary``: a rollout batch has just ended, so a training step
     starts now (``outlook.hold_s``; the schedule's ``trainer_waits``). Raises ``DecisionError`` /
     ``PlanError`` when no allocation or plan exists."""
-    wish = o.decider.decide(slots(state, budget, tp_size), o.allocation)
+    n = slots(state, budget, tp_size)
+    # a fresh start (no allocation in force) is held against colocation, the engine's default: a
+    # split must clear the mode threshold on the prior as any mode switch does on telemetry
+    wish = o.decider.decide(n, o.allocation if o.allocation is not None else Allocation.colocated(n))
     sched = hold_for_schedule(o, wish, batch_boundary)
     d = sched.decision
     p = plan(state, d.target, budget, tp_size)

@@ -66,8 +66,10 @@ def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:
 def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "experiments", help="regenerate the paper's figures and tables (Fig. 5/7/8, Tables 2/3)")
-    p.add_argument("which", nargs="?", default="all", choices=["fig5", "fig5-paper", "fig7", "fig8", "table2", "table3", "all", "collect"],
-                   help="an experiment, all of them, or collect (rebuild EXPERIMENTS.md from the tables in --out)")
+    p.add_argument("which", nargs="?", default="all",
+                   choices=["fig5", "fig5-paper", "fig7", "fig8", "table2", "table3", "all", "collect", "worlds"],
+                   help="an experiment, all of them, collect (rebuild EXPERIMENTS.md from the tables in --out), or "
+                        "worlds (where the best PD mode changes: pearl/sim/worlds.py; not part of all)")
     p.add_argument("--out", default="runs/experiments", help="output folder (tables, PNGs, results.json)")
     p.add_argument("--trace", default=None, help="trace for Fig. 5 / Fig. 8 / Table 3 (default: the shipped configs/traces/bamboo-g4dn/g4dn-trace.csv)")
     p.add_argument("--hours", type=float, default=2.0, help="segment length for Fig. 5")
@@ -81,6 +83,18 @@ def add_experiments_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "means and spreads over the seeds)")
     p.add_argument("--quick", action="store_true", help="small scale (short segments, fewer points): for tests")
     p.add_argument("--docs", default="docs/EXPERIMENTS.md", help="markdown with every table ('' to skip)")
+    w = p.add_argument_group("worlds")
+    w.add_argument("--worlds", type=int, default=60, help="worlds drawn from the space (Latin hypercube)")
+    w.add_argument("--seed", type=int, default=0, help="the design's and the workload's seed")
+    w.add_argument("--batches", type=int, default=3, help="rollout batches per run of a world")
+    w.add_argument("--top-k", type=int, default=3, help="splits the prior ranks best that the static search measures")
+    w.add_argument("--exhaustive", type=int, default=0,
+                   help="measure every split in this many worlds (those of at most 16 GPUs first) and report how "
+                        "often the static search found the exhaustive best")
+    w.add_argument("--world", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="an extra world, e.g. 'hardware=h100_sxm,model=qwen3-30b-a3b,gpus=12,batch=96' (repeatable)")
+    w.add_argument("--no-paper", action="store_true", help="leave out the paper's own points")
+    w.add_argument("--json", action="store_true", help="print one JSON object {worlds, summary} on stdout")
     p.set_defaults(func=experiments_main)
     return p
 
@@ -108,6 +122,10 @@ def experiments_main(args: argparse.Namespace) -> int:
     from pearl.sim.systems import UnknownSystemError
     from pearl.sim.traces import TraceError
 
+    if args.which == "worlds":
+        from pearl.sim.worlds_report import worlds_main
+
+        return worlds_main(args)
     if args.seeds < 1:
         print(f"error: --seeds {args.seeds}: give at least 1 workload seed per cell", file=sys.stderr)
         return 2

@@ -62,7 +62,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "workload.env_step_s": {"mean": 1.0, "cv": 1.0, "min": 0.1, "max": 60},
         "workload.test_run_prob": 0.05,
         "workload.test_run_s": {"mean": 8, "cv": 0.6, "min": 2, "max": 120},
-        "workload.prefix_cache_hit": 0.3,
+        "workload.prefix_cache_hit": 0.85,
         "workload.shared_prompt_tokens": 2000,
         "workload.max_response_tokens": 32768,
     },

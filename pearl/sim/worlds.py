@@ -32,7 +32,9 @@ The space (``SPACE``; a seeded Latin hypercube, ``scipy.stats.qmc``): hardware (
 trajectory limit 8K-64K, mean observation 100-2000 tokens, mean turns 10-50, mean tool call
 0.3-10 s, and the engine's mechanics within their bounds (``EmulatorPhysics.host_cpu_factor``,
 ``launch_per_layer_s``); plus the paper's own points (``PAPER_WORLDS``). What a world leaves
-unset is the ``paper`` workload and the model's physics file.
+unset is the ``paper`` workload and the model's physics file; where the paper workload's 12K-token
+initial prompt exceeds a third of the world's trajectory limit, it is cut to that third (its
+shared system part to half of it).
 
 Public names: ``WorldParams``, ``SPACE``, ``PAPER_WORLDS``, ``draw_worlds``, ``world_config``,
 ``run_world``, ``WorldError``.
@@ -208,6 +210,10 @@ def world_config(p: WorldParams) -> tuple[RunConfig, EmulatorPhysics]:
         "policy.borrow_enabled": False, "policy.use_preemptible": False,
     }
     wl = plain.workload
+    if wl.system_prompt_tokens > p.limit // 3:  # the prompt must leave the agent room to work
+        system = p.limit // 3
+        ov["workload.system_prompt_tokens"] = system
+        ov["workload.shared_prompt_tokens"] = min(wl.shared_prompt_tokens, system // 2)
     if p.observation_tokens is not None:
         ov["workload.observation_tokens"] = {**wl.observation_tokens.model_dump(), "mean": p.observation_tokens}
     if p.turns is not None:
@@ -275,6 +281,29 @@ def _split(label: str) -> int:
     return int(label.split("P")[0]) if "P" in label else 0
 
 
+def _climb(n: int, top: list[str], ok: Callable[[str], bool], run: Callable[[str], dict[str, Any]]) -> str:
+    """The static search (module docstring): colocation, the prior's ``top`` splits, then P - 1 /
+    P + 1 from the best measured split while that improves; the best configuration it measured."""
+    seen = ["coloc", *top]
+    good = {lab: run(lab)["makespan_s"] for lab in seen if ok(lab)}
+    while True:
+        splits = {k: v for k, v in good.items() if k != "coloc"}
+        if not splits:
+            break
+        best = min(splits, key=lambda k: splits[k])
+        q = _split(best)
+        nxt = [f"{x}P{n - x}D" for x in (q - 1, q + 1) if 1 <= x < n and f"{x}P{n - x}D" not in seen]
+        if not nxt:
+            break
+        seen += nxt
+        good.update({lab: run(lab)["makespan_s"] for lab in nxt if ok(lab)})
+        if min((good[lab] for lab in nxt if lab in good), default=math.inf) >= splits[best]:
+            break
+    if not good:
+        return "coloc"
+    return min(good, key=lambda k: good[k])
+
+
 def run_world(p: WorldParams, batches: int = 3, top_k: int = 3, exhaustive: bool = False,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One world (module docstring): the static search, the systems and the regret."""
@@ -301,37 +330,22 @@ def run_world(p: WorldParams, batches: int = 3, top_k: int = 3, exhaustive: bool
         r = run(label)
         return r["failed"] == 0 and len(r["makespans_s"]) == batches
 
-    ok("coloc")
     splits = sorted((c for c in prior.candidates if c.allocation.mode is Mode.DISAGGREGATED and c.feasible),
                     key=lambda c: c.makespan_s)
-    labels = [c.allocation.label for c in splits[:top_k]]
+    top = [c.allocation.label for c in splits[:top_k]]
     if exhaustive:
-        labels = [f"{q}P{n - q}D" for q in range(1, n)]
-    for lab in labels:
-        ok(lab)
-    if not exhaustive:  # climb on the prefill count from the best measured split
-        while True:
-            good = {k: v for k, v in runs.items() if k != "coloc" and v["failed"] == 0}
-            if not good:
-                break
-            best = min(good, key=lambda k: good[k]["makespan_s"])
-            q = _split(best)
-            nxt = [f"{x}P{n - x}D" for x in (q - 1, q + 1) if 1 <= x < n and f"{x}P{n - x}D" not in runs]
-            if not nxt:
-                break
-            before = good[best]["makespan_s"]
-            for lab in nxt:
-                ok(lab)
-            if min(runs[lab]["makespan_s"] for lab in nxt) >= before:
-                break
+        for q in range(1, n):
+            ok(f"{q}P{n - q}D")
+    climbed = _climb(n, top, ok, run)
+    static_pd = splits[0].allocation.label if splits else None
+    if static_pd is not None:
+        ok(static_pd)
     feasible = {k: v for k, v in runs.items() if v["failed"] == 0 and len(v["makespans_s"]) == batches}
     if not feasible:
         raise WorldError(f"world {p.id}: no allocation of {n} workers completes its batches "
                          "(" + ", ".join(f"{k}: {v['failed']} trajectories failed" for k, v in runs.items()) + ")")
     best = min(feasible, key=lambda k: feasible[k]["makespan_s"])
-    static_pd = splits[0].allocation.label if splits else None
-    if static_pd is not None:
-        ok(static_pd)
+    climb_agrees = climbed in feasible and feasible[climbed]["makespan_s"] <= feasible[best]["makespan_s"] * (1 + 1e-9)
     pearl_run = measure(cfg, physics, batches, None, {"allow_disaggregation": True, "force_disaggregation": False})
     if progress:
         progress(f"{p.id} pearl: {pearl_run['makespan_s']:.1f} s ({', '.join(str(a) for a in pearl_run['allocations'])})")
@@ -362,6 +376,8 @@ def run_world(p: WorldParams, batches: int = 3, top_k: int = 3, exhaustive: bool
         "pearl_regret": round(pearl_run["makespan_s"] / bm - 1.0, 5),
         "prior_choice": prior.target.label,
         "exhaustive": exhaustive,
+        "climb": climbed,
+        "climb_agrees": climb_agrees,
         "events": sum(v["events"] for v in runs.values()) + pearl_run["events"],
     }
 

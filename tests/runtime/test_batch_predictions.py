@@ -130,7 +130,8 @@ def test_batch_start_prediction_composes_the_known_return_and_regrowth() -> None
         n_eff = sticky_pool(8.0, 2.0, 4.0, float(slack))
         m_back = back.colocated_curve[round(n_eff) - 1] if back.target.mode.value == "colocated" else m_cur
         d_ret, d_act = el.costs.deactivation_s, el.costs.activation_s
-        schedule = [(0.0, m_cur), (d_ret, el.decider().fresh_makespan(2)), (d_ret + el.trainer.step_s + d_act, m_back)]
+        shrunk = el.decider().decide(2, el.allocation).predicted_makespan_s  # the allocation in force keeps its hysteresis
+        schedule = [(0.0, m_cur), (d_ret, shrunk), (d_ret + el.trainer.step_s + d_act, m_back)]
         pools = compose_makespan(schedule)
         # the step's weight sync lands inside the batch, on the 2 workers left after the return
         t_sync = d_ret + el.trainer.step_s
