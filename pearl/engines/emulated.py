@@ -68,6 +68,7 @@ from pearl.engines.base import (
     GenerateRequest,
     GenerateResult,
     PauseMode,
+    RequestRejectedError,
     RequestTimings,
     ServerSpec,
 )
@@ -416,7 +417,13 @@ class EmulatedEngine:
             raise EngineError("-", f"request {req.rid}: max_new_tokens must be >= 1")
         if req.rid in self._inflight:
             raise EngineError("-", f"request id {req.rid!r} is already in flight; rids must be unique per attempt")
-        cap = req.sampling.max_new_tokens
+        # SGLang's init_req_max_new_tokens: the output is clipped so the request fits an empty KV pool
+        room = self.costs.kv_capacity_tokens - len(req.input_ids) - 2
+        if room < 1:
+            raise RequestRejectedError("-", f"request {req.rid}: its prompt of {len(req.input_ids)} tokens exceeds "
+                                            f"the KV pool of {self.costs.kv_capacity_tokens} tokens; shorten the "
+                                            "trajectory limit", 400)
+        cap = min(req.sampling.max_new_tokens, room)
         stop = cap
         if self.responses is not None:
             eos = self.responses.remaining(req.conversation, len(req.input_ids))

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from pearl.config import EmulatorSpec
 from pearl.core.state import Role
-from pearl.engines.base import EngineError, GenerateRequest, ServerSpec
+from pearl.engines.base import EngineError, GenerateRequest, RequestRejectedError, ServerSpec
 from pearl.engines.emulated_costs import MeasuredCosts, WorkerCosts
 from pearl.engines.emulated_overheads import Overheads, Span
 from pearl.engines.emulated_sched import (
@@ -294,6 +294,14 @@ class IterationLoop:
             w.tree.evict(short)
         w.poke()
 
+    def _refuse(self, w: EmulatedServer, r: EmulatedRequest, need: int) -> None:
+        """``r`` needs more KV than ``w``'s whole pool: it fails with an error naming both."""
+        r.stage = Stage.DONE
+        self._inflight.pop(r.rid, None)
+        if not r.fut.done():
+            r.fut.set_exception(RequestRejectedError(w.id, f"request {r.rid} needs {need} KV tokens, the worker "
+                                                           f"holds {w.capacity}; shorten the trajectory limit", 400))
+
     def release_prefill_kv(self, r: EmulatedRequest) -> None:
         """PD: the prompt's KV is sent; the prefill worker inserts the prompt into its tree and
         frees its copy (``r.p_*``); what ``r`` holds on its decode worker is left as it is."""
@@ -338,6 +346,10 @@ class IterationLoop:
         offset = self._running_offset(w)
         while w.waiting and budget > 0:
             r = w.waiting[0]
+            if r.target >= w.capacity:  # can never fit, even alone (SGLang refuses it as too long)
+                w.waiting.popleft()
+                self._refuse(w, r, r.target + 1)
+                continue
             if running + len(parts) >= self.emu.max_running:
                 break
             limit = r.input_len - 1 if r.target == r.input_len else r.input_len  # >= 1 token computed
@@ -616,6 +628,11 @@ class IterationLoop:
         pending = sum(r.owned + NUM_RESERVED_DECODE_TOKENS for r in w.offloaded)
         while w.kv_wait and active < self.emu.max_running:
             r = w.kv_wait[0]
+            if r.input_len + NUM_RESERVED_DECODE_TOKENS > w.capacity:  # can never fit
+                w.kv_wait.popleft()
+                self.release_prefill_kv(r)
+                self._refuse(w, r, r.input_len + NUM_RESERVED_DECODE_TOKENS)
+                continue
             if r.input_len + NUM_RESERVED_DECODE_TOKENS > (w.available - NUM_RESERVED_DECODE_TOKENS * active
                                                             - pending):
                 break

@@ -89,6 +89,8 @@ class WorldParams(BaseModel):
     tool_s: float | None = Field(default=None, ge=0.3, le=10.0, description="mean tool call, s")
     host_cpu_factor: float | None = Field(default=None, ge=0.5, le=2.0)
     launch_per_layer_s: float | None = Field(default=None, ge=2e-5, le=3e-4)
+    memory_utilization: float | None = Field(default=None, ge=0.80, le=0.95, description="the engine's share of "
+                                             "device memory (not drawn: the physics file's unless given)")
     seed: int = 0
     paper: str = Field(default="", description="the paper's figure this point is, if any")
 
@@ -224,8 +226,8 @@ def world_config(p: WorldParams) -> tuple[RunConfig, EmulatorPhysics]:
         cfg = load_preset_config(base, "paper", ov, means=pf.workload)
     except ConfigError as e:
         raise WorldError(f"world {p.id}: {e}") from None
-    mech = {k: v for k, v in (("host_cpu_factor", p.host_cpu_factor), ("launch_per_layer_s", p.launch_per_layer_s))
-            if v is not None}
+    mech = {k: v for k, v in (("host_cpu_factor", p.host_cpu_factor), ("launch_per_layer_s", p.launch_per_layer_s),
+                              ("memory_utilization", p.memory_utilization)) if v is not None}
     return cfg, pf.engine.model_copy(update=mech)
 
 

@@ -119,13 +119,13 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             continue
         worst = max(vals)
         loss[name] = {"mean": round(statistics.fmean(v for v, _ in vals), 5), "worst": round(worst[0], 5),
-                      "worst_world": worst[1], "within_1pct": round(sum(v <= 0.01 for v, _ in vals) / len(vals), 4),
+                      "worst_world": worst[1], "within_1pct": round(sum(v <= 0.01 + 1e-9 for v, _ in vals) / len(vals), 4),
                       "worlds": len(vals)}
     sep = {}
     for a in AXES:
         raw = [(_axis(r, a), s) for r, s in zip(ran, split_best, strict=True)]
         pts = [(x, s) for x, s in raw if x is not None]
-        if len(pts) >= 4:
+        if len(pts) >= 3:
             sep[a] = round(_auc([x for x, _ in pts], [s for _, s in pts]), 4)
     ex = [r for r in ran if r.get("exhaustive")]
     ratios: dict[str, int] = {}
@@ -142,8 +142,8 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "pearl_regret": {"median": round(statistics.median(regrets), 5), "mean": round(statistics.fmean(regrets), 5),
                          "worst": round(max(regrets), 5),
                          "worst_world": max(ran, key=lambda r: r["pearl_regret"])["id"],
-                         "within_0.5pct": round(sum(x <= 0.005 for x in regrets) / len(regrets), 4),
-                         "within_2pct": round(sum(x <= 0.02 for x in regrets) / len(regrets), 4)},
+                         "within_0.5pct": round(sum(x <= 0.005 + 1e-9 for x in regrets) / len(regrets), 4),
+                         "within_2pct": round(sum(x <= 0.02 + 1e-9 for x in regrets) / len(regrets), 4)},
         "loss": loss,
         "separation_auc": dict(sorted(sep.items(), key=lambda kv: -abs(kv[1] - 0.5))),
         "exhaustive": {"worlds": len(ex),
@@ -234,7 +234,7 @@ def markdown(results: Sequence[dict[str, Any]], summary: dict[str, Any], command
         brief = (f"{p['model']}, {p['gpus']} x {p['hardware']}, B {p['batch']}, L {p['limit'] // 1024}K"
                  + (f" ({p['paper']})" if p.get("paper") else ""))
         lines.append(f"| {r['id']} | {brief} | {r['best_static']['allocation']} {r['best_static']['makespan_s']:.1f} s | "
-                     f"{'/'.join(sorted(set(str(a).split('/')[0] for a in r['systems']['pearl']['allocations'])))} "
+                     f"{'/'.join(sorted(set(str(a).split('/')[0] for a in r['systems']['pearl'].get('allocations', []))))} "
                      f"{r['systems']['pearl']['makespan_s']:.1f} s | {100 * r['pearl_regret']:+.2f} % |")
     return "\n".join(lines) + "\n"
 
