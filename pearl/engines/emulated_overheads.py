@@ -5,21 +5,23 @@ tables (``emulated_tables``: NVIDIA's measured kernels, summed) hold none of it.
 requests in a decode batch, ``m`` requests and ``X`` new tokens in an extend (prefill) batch,
 ``D`` / ``K`` the batch's kernel time from the tables, ``L`` the model's layers::
 
-    decode step   t = max(D, c_dec(n))            under the overlap scheduler (default)
-                  t = D + c_dec(n)                without it
-                  (n > cuda_graph_max_bs: D runs eagerly, D' = max(D, L l_launch))
-    extend batch  t = max(K, L l_launch) + c_ext(m, X)
+    decode step   t = max(D', f c_dec(n))         under the overlap scheduler (default)
+                  t = D' + f c_dec(n)             without it
+                  D' = D, or max(D, L l_launch) for n > cuda_graph_max_bs (eager)
+    extend batch  t = max(K', f c_ext(m, T))      under the overlap scheduler
+                  t = K' + f c_ext(m, T)          without it
+                  K' = max(K, L l_launch)          (extend batches run eagerly)
     host copy     t = tokens x kv_bytes / host_gbs  (a PD decode worker's retraction / resume)
 
-* ``c_dec(n) = a_dec + b_dec n`` and ``c_ext(m, X) = a_ext + b_ext m + c_ext X`` are the
-  scheduler's CPU seconds per iteration (batch formation, radix-cache matching, result processing,
-  finish checks), measured from SGLang 0.5.23's own scheduling code
-  (``benchmarks/bench_sglang_scheduler.py``, ``configs/emulator/sglang-scheduler.yaml``) and
-  scaled by ``EmulatorPhysics.host_cpu_factor`` (the GPU host's CPU relative to the one
-  measured). SGLang's default overlap scheduler (``event_loop_overlap``) prepares batch i + 1 on
-  the CPU while the GPU runs batch i, so a decode step takes the longer of the two; an extend batch
-  cannot be prepared before the decodes it interrupts are resolved, so its scheduling is paid in
-  full.
+* ``c_dec(n) = a_dec + b_dec n`` and ``c_ext(m, T) = a_ext + b_ext m + c_ext T`` (``T``: the
+  prompt tokens of the batch's requests up to its chunk, which the radix tree walks to match and
+  insert them) are the scheduler's CPU seconds per iteration, measured from SGLang 0.5.23's own
+  code (``benchmarks/bench_sglang_scheduler.py``, ``configs/emulator/sglang-scheduler.yaml``:
+  result processing and finish checks per request, the radix cache's match and insert per prompt
+  token) and scaled by ``f = EmulatorPhysics.host_cpu_factor`` (the GPU host's CPU relative to
+  the one measured). SGLang's default overlap scheduler (``event_loop_overlap``) prepares batch
+  i + 1 and processes batch i - 1's results on the CPU while the GPU runs batch i, so an
+  iteration takes the longer of the two.
 * Extend batches run without CUDA graphs (only decode batches up to ``cuda_graph_max_bs`` are
   captured), so each of the ``L`` layers' kernels is launched from Python: the GPU cannot finish
   before the last launch, ``L l_launch`` (``EmulatorPhysics.launch_per_layer_s``, bounded by
@@ -112,6 +114,7 @@ class SchedulerTimes:
         return self.a_dec + self.b_dec * n
 
     def extend(self, m: int, tokens: int) -> float:
+        """``m`` requests whose prompts hold ``tokens`` tokens up to this chunk."""
         return self.a_ext + self.b_ext * m + self.c_ext * tokens
 
 
@@ -133,9 +136,11 @@ class Overheads:
         return self.cpu_factor > 0 and (self.sched != SchedulerTimes() or self.launch_per_layer_s > 0)
 
     def extend_s(self, m: int, tokens: int, kernels: float) -> float:
-        """Seconds an extend batch of ``m`` requests and ``tokens`` new tokens takes beyond ``kernels``."""
-        launch = self.layers * self.launch_per_layer_s
-        return max(launch - kernels, 0.0) + self.cpu_factor * self.sched.extend(m, tokens)
+        """Seconds an extend batch of ``m`` requests (``tokens``: their prompts up to this chunk)
+        takes beyond its ``kernels``."""
+        gpu = max(kernels, self.layers * self.launch_per_layer_s)
+        cpu = self.cpu_factor * self.sched.extend(m, tokens)
+        return max((max(gpu, cpu) if self.overlap else gpu + cpu) - kernels, 0.0)
 
     def decode_span(self, base: Span, n: int, k_max: int) -> Span:
         """``base`` (kernels only) with the decode step's floor and extra (module docstring)."""

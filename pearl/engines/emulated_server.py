@@ -430,7 +430,7 @@ class IterationLoop:
         if mixed:  # the running decodes ride along, one token each (module docstring)
             self._alloc(w, w.n_decoding)
             kernels = self.costs.mixed_step_s(chunk, w.n_decoding, w.ctx_sum)
-        extra = self.overheads.extend_s(len(parts), sum(x for _, x in parts), kernels)
+        extra = self.overheads.extend_s(len(parts), sum(c + x for x, c in chunk), kernels)
         dt = kernels + extra
         w.events += 1
         w.sched_s += extra
@@ -711,7 +711,7 @@ class IterationLoop:
         w.conc_cum += dt * n  # the batch the span ran at (a request aborted in it left at its cut)
         w.decode_busy_s += dt
         if span is not base:
-            w.sched_s += dt - base.total(k)
+            w.sched_s += max(dt - base.total(k), 0.0)
         w.decode_tokens += w.n_decoding * k
         w.steps += k
         w.ctx_sum += w.n_decoding * k
