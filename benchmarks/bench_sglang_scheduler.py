@@ -54,7 +54,6 @@ EXTEND = ((1, 512, 0), (1, 2048, 16384), (1, 8192, 0), (4, 1024, 8192), (8, 1024
 def _child(reps: int) -> dict[str, Any]:
     """In the child: measure with SGLang's own code (module docstring)."""
     import statistics
-    import types
     import warnings
 
     sys.path.insert(0, str(ROOT))
