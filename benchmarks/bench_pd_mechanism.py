@@ -7,17 +7,20 @@ mean seconds per request waiting for a prefill worker (``prefill_queue``), waiti
 the decode worker (``kv_wait``), in transfer, the prefill pool's busy share (prefill busy s on
 prefill workers / (N_P M)) and the decode link's share (KV bytes / (N_D link_bw M)).
 
-Then the same gap with one candidate removed (a counterfactual, not a calibration):
+Each batch has the trainer's weight update landing ``train.step_time_s`` into it (the
+asynchronous steady state, as ``pearl calibrate`` measures). Then the same gap with one candidate
+removed (a counterfactual, not a calibration):
 
-* ``no-prefill-queue``: prefill workers compute nothing they held before (reuse 1.0 on PD
-  prefill workers) - removes prefill-pool queueing;
-* ``no-kv-waves``: device memory x 8 - every worker's KV pool holds the whole batch;
+* ``no-flush``: no weight update inside the batch - no prefix-cache flush, no re-prefill burst;
+* ``no-kv-pressure``: device memory x 8 - every worker's KV pool holds the whole batch (no
+  eviction, no retraction, no decode-side KV waits);
+* ``no-engine-time``: none of the engine's time beyond the kernels (scheduler, launches);
 * ``no-transfer``: link 100x faster;
 * ``no-batch-cap``: ``emulator.max_running`` 100000.
 
 The candidate whose removal closes most of the gap is the mechanism. Run:
 ``python benchmarks/bench_pd_mechanism.py [--models qwen3-8b,qwen3-30b-a3b] [--gpus 4,8] [--seeds 2]
-[--batch 64] [--physics decode_kv_reserve=1] [--variants ...]`` (``--variants ''``: the split table only).
+[--batch 64] [--physics host_cpu_factor=2] [--variants ...]`` (``--variants ''``: the split table only).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ CONFIGS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 
 
 def _variant(cfg: RunConfig, phys: EmulatorPhysics, name: str) -> tuple[RunConfig, EmulatorPhysics]:
-    if name == "no-prefill-queue":
-        return cfg, phys.model_copy(update={"prefix_reuse_prefill": 1.0})
-    if name == "no-kv-waves":
+    if name == "no-engine-time":  # outside the physical bounds on purpose: a counterfactual
+        return cfg, phys.model_copy(update={"host_cpu_factor": 0.0, "launch_per_layer_s": 0.0})
+    if name == "no-kv-pressure":
         hw = cfg.hardware.model_copy(update={"memory_gb": cfg.hardware.memory_gb * 8})
         return cfg.model_copy(update={"hardware": hw}), phys
     if name == "no-transfer":
@@ -50,9 +53,10 @@ def _variant(cfg: RunConfig, phys: EmulatorPhysics, name: str) -> tuple[RunConfi
     return cfg, phys
 
 
-def measure(cfg: RunConfig, phys: EmulatorPhysics, n: int, label: str) -> dict[str, float]:
+def measure(cfg: RunConfig, phys: EmulatorPhysics, n: int, label: str, flush: bool = True) -> dict[str, float]:
     engines: list[EmulatedEngine] = []
-    m, _ = measure_makespan(cfg, n, label, 1, physics=phys, engines=engines)
+    m, _ = measure_makespan(cfg, n, label, 1, physics=phys, engines=engines,
+                            sync_at_s=cfg.train.step_time_s if flush else None)
     eng = engines[0]
     sp = eng.request_split()
     busy = eng.worker_busy().values()
@@ -84,7 +88,7 @@ def run(model: str, n: int, seeds: int, variants: list[str], physics: dict[str, 
             phys = load_physics(cfg.model.name, cfg.hardware.name).engine.model_copy(update=physics or {})
             cfg, phys = _variant(cfg, phys, var)
             for lab in ["coloc", *splits(n)]:
-                rows.setdefault(lab, []).append(measure(cfg, phys, n, lab))
+                rows.setdefault(lab, []).append(measure(cfg, phys, n, lab, flush=var != "no-flush"))
         res = {}
         for lab, rs in rows.items():
             gain = statistics.fmean(c["makespan"] / r["makespan"] - 1 for c, r in zip(rows["coloc"], rs, strict=True))
@@ -98,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="qwen3-8b,qwen3-30b-a3b")
     ap.add_argument("--gpus", default="4,8")
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--variants", default="no-prefill-queue,no-kv-waves,no-transfer,no-batch-cap")
-    ap.add_argument("--physics", default="", help="EmulatorPhysics overrides, e.g. decode_kv_reserve=1,moe_floor=0.1")
+    ap.add_argument("--variants", default="no-flush,no-kv-pressure,no-engine-time,no-transfer,no-batch-cap")
+    ap.add_argument("--physics", default="", help="EmulatorPhysics overrides, e.g. host_cpu_factor=2,moe_floor=0.1")
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args(argv)
     physics = {k: float(v) for k, v in (kv.split("=", 1) for kv in a.physics.split(",") if kv)}
