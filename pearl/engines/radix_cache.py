@@ -53,9 +53,9 @@ def flat(ids: Tokens) -> tuple[list[int], int]:
 class Node:
     """A radix tree node: the edge ``seq[lo:hi]`` from its parent, children by first token."""
 
-    __slots__ = ("children", "hi", "last_access", "lo", "lock_ref", "parent", "seq")
+    __slots__ = ("children", "hi", "last_access", "lo", "lock_ref", "parent", "seq", "tick")
 
-    def __init__(self, seq: Sequence[int], lo: int, hi: int, parent: Node | None, now: float) -> None:
+    def __init__(self, seq: Sequence[int], lo: int, hi: int, parent: Node | None, now: float, tick: int = 0) -> None:
         self.seq = seq
         self.lo = lo
         self.hi = hi
@@ -63,12 +63,10 @@ class Node:
         self.children: dict[int, Node] = {}
         self.lock_ref = 0
         self.last_access = now
+        self.tick = tick  # the tree's access count at its last access: orders accesses at one instant
 
     def __len__(self) -> int:
         return self.hi - self.lo
-
-    def __lt__(self, other: Node) -> bool:  # heap order: least recently used first
-        return self.last_access < other.last_access
 
 
 def _common(a: Sequence[int], alo: int, b: Sequence[int], blo: int, n: int) -> int:
@@ -90,14 +88,15 @@ def _common(a: Sequence[int], alo: int, b: Sequence[int], blo: int, n: int) -> i
 class RadixCache:
     """SGLang's radix tree at page size 1 (module docstring); times come from the caller."""
 
-    __slots__ = ("_leaves", "evictable", "protected", "root")
+    __slots__ = ("_leaves", "_tick", "evictable", "protected", "root")
 
     def __init__(self) -> None:
         self.root = Node([], 0, 0, None, 0.0)
         self.root.lock_ref = 1
         self.evictable = 0
         self.protected = 0
-        self._leaves: set[Node] = set()  # evictable leaves
+        self._leaves: dict[Node, None] = {}  # evictable leaves (a dict: a deterministic order)
+        self._tick = 0
 
     @property
     def size(self) -> int:
@@ -110,6 +109,12 @@ class RadixCache:
         self.evictable = self.protected = 0
         self._leaves.clear()
 
+    def _touch(self, node: Node, now: float) -> None:
+        """``node`` accessed at ``now``: LRU orders by (time, access count), so two accesses at one
+        virtual instant keep the order they happened in, as distinct real timestamps would."""
+        self._tick += 1
+        node.last_access, node.tick = now, self._tick
+
     # ------------------------------------------------------------------ lookup and insertion
     def match(self, ids: Tokens, now: float, limit: int | None = None) -> tuple[int, Node]:
         """The longest cached prefix of ``ids[:limit]``: (its length, its last node)."""
@@ -117,13 +122,13 @@ class RadixCache:
         if limit is not None:
             n = min(n, limit)
         node = self.root
-        node.last_access = now
+        self._touch(node, now)
         p = 0
         while p < n:
             child = node.children.get(seq[p])
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             k = _common(child.seq, child.lo, seq, p, min(len(child), n - p))
             if k < len(child):
                 node = self._split(child, k)
@@ -141,14 +146,14 @@ class RadixCache:
         if limit is not None:
             n = min(n, limit)
         node = start if start is not None else self.root
-        node.last_access = now
+        self._touch(node, now)
         p = offset
         cached = 0
         while p < n:
             child = node.children.get(seq[p])
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             k = _common(child.seq, child.lo, seq, p, min(len(child), n - p))
             cached += k
             p += k
@@ -157,7 +162,8 @@ class RadixCache:
             else:
                 node = child
         if p < n:
-            leaf = Node(seq, p, n, node, now)
+            self._tick += 1
+            leaf = Node(seq, p, n, node, now, self._tick)
             node.children[seq[p]] = leaf
             self.evictable += n - p
             self._status(node)
@@ -170,7 +176,7 @@ class RadixCache:
         tokens (SGLang's ``_split_node``: the new node inherits the lock)."""
         parent = child.parent
         assert parent is not None and 0 < k < len(child)
-        new = Node(child.seq, child.lo, child.lo + k, parent, child.last_access)
+        new = Node(child.seq, child.lo, child.lo + k, parent, child.last_access, child.tick)
         new.lock_ref = child.lock_ref
         parent.children[child.seq[child.lo]] = new
         child.lo += k
@@ -203,30 +209,30 @@ class RadixCache:
 
     def _status(self, node: Node) -> None:
         if node is not self.root and not node.children and node.lock_ref == 0 and node.parent is not None:
-            self._leaves.add(node)
+            self._leaves[node] = None
         else:
-            self._leaves.discard(node)
+            self._leaves.pop(node, None)
 
     def evict(self, tokens: int) -> int:
         """Free at least ``tokens`` evictable tokens, least recently used leaves first (whole
         leaves); returns the tokens freed (less when the tree holds fewer evictable ones)."""
         if tokens <= 0 or not self._leaves:
             return 0
-        heap = list(self._leaves)
+        heap = [(x.last_access, x.tick, x) for x in self._leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < tokens and heap:
-            x = heapq.heappop(heap)
+            _, _, x = heapq.heappop(heap)
             parent = x.parent
             assert parent is not None
             freed += len(x)
             self.evictable -= len(x)
             del parent.children[x.seq[x.lo]]
-            self._leaves.discard(x)
+            self._leaves.pop(x, None)
             x.parent = None
             self._status(parent)
             if parent in self._leaves:
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, (parent.last_access, parent.tick, parent))
         return freed
 
     def stats(self) -> dict[str, Any]:

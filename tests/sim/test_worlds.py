@@ -152,3 +152,13 @@ def test_a_world_where_no_allocation_can_hold_a_trajectory_is_an_error_naming_wh
     monkeypatch.setattr(W, "world_config", small_gpu(60.0))
     with pytest.raises(W.WorldError, match="do not fit"):
         W.run_world(p, batches=1, top_k=1)
+
+
+def test_a_run_is_the_same_whatever_ran_before_it_in_the_process() -> None:
+    """Paired seeds need determinism: the radix cache orders two accesses at one virtual instant by
+    the order they happened in (not by where its nodes sit in memory), so a world measured after
+    another, or twice, gives the same makespans."""
+    cfg, phys = W.world_config(SMALL)
+    first = W.measure(cfg, phys, 2, "coloc")["makespans_s"]
+    W.run_world(SMALL.model_copy(update={"id": "other", "gpus": 5, "batch": 40}), batches=1, top_k=1)
+    assert W.measure(cfg, phys, 2, "coloc")["makespans_s"] == first
