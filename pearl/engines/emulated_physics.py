@@ -1,15 +1,17 @@
 """The emulator's free constants for one model on one accelerator, named, bounded and sourced.
 
 The emulated engine's per-iteration costs come from measured kernel tables
-(``emulated_tables.py``, ``emulator.costs: database``); what a kernel database cannot say - how
-much of a conversation's prefix a real cache reuses, how much KV a decoding request holds, how much
-memory the engine takes, the workload's means - are the constants here. The datasheet roofline
+(``emulated_tables.py``, ``emulator.costs: database``) and its scheduling from SGLang's own rules
+(``emulated_server.py``: the radix cache, admission, retraction; prefix reuse and the KV a request
+holds come out of them); what neither can say - how much memory the engine takes, how fast the
+GPU host's CPU runs SGLang's scheduler, what an eager layer's launches cost, the workload's means -
+are the constants here. The datasheet roofline
 (``emulated_costs.WorkerCosts``, ``emulator.costs: datasheet`` only) also reads the efficiency and
 fixed-cost constants (``weight_read_efficiency``, ``kv_read_efficiency``, ``decode_step_s``,
 ``prefill_forward_s``, ``prefill_mfu``, ``moe_floor``, ``moe_exponent``), which the tables cover:
 the shipped files leave them out. Each field is ``None`` by default, meaning "the
 value the run config already gives" (``HardwareSpec`` for the efficiencies and step costs,
-``EmulatorSpec.prefix_reuse`` for both reuse factors, a plain touched-expert count for MoE), so a
+``EmulatorSpec.launch_per_layer_s``, the measured CPU, a plain touched-expert count for MoE), so a
 file with every field ``None`` emulates exactly what the run config alone does.
 
 A file per model and accelerator lives in ``configs/emulator/<model>-<hardware>.yaml``

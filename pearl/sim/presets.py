@@ -10,34 +10,22 @@ neither the paper nor the predictor (its predictor error was 8.3-12.3 % on repla
 project does not ship), so the replay commands do not offer it.
 
 ``paper``   calibrated to the paper's *single-system* measurements for Qwen3-8B on SWE-bench (Sec.
-            2.1 / 3.1), never to the systems' ranking: with an unlimited rollout pool a batch takes
-            216.3 s (training 163.8 s), and more GPUs give diminishing returns. Qwen3 in thinking
-            mode writes long turns (~1K tokens of reasoning + tool call), SWE-agent style prompts
-            carry instructions, demonstrations and repository context (~12K tokens), tool calls
-            (ls, grep, edit) return in ~1 s, and test runs are rarer (5 %, ~8 s). Measured in the
-            emulator on fixed colocated pools (``pearl.sim.simulate.measure_makespan(cfg, n,
-            "coloc", 2)``, Qwen3-8B on H200, no trainer): makespan 675 s on 4 GPUs, 307 s on 16,
-            271 s on 24, 251 s on 32, 223 s on 64 (paper: ~216 s with an unlimited pool; 16 -> 24
-            -> 32 GPUs: -10.3 %, -8.9 %; ours: -11.7 %, -7.5 %).
+            2.1 / 3.1 / 3.2), never to the systems' ranking. Qwen3 in thinking mode writes long
+            turns (~1K tokens of reasoning + tool call), SWE-agent style prompts carry
+            instructions, tool documentation and the task (~12K tokens, the first 2K the same in
+            every task), tool calls (ls, grep, edit) return in seconds, and test runs are rarer
+            (5 %, ~8 s). The agent sends ``max_new_tokens`` = the trajectory's remaining budget
+            (``max_response_tokens``; the pipeline cuts it to the budget), and the emulated model
+            ends each turn where the plan says (its EOS): the engine's scheduler estimates output
+            as SGLang's does, from the cap.
 
-            Prefix reuse (``emulator.prefix_reuse`` 0.3), from the paper's Sec. 3.2
-            token / time split of colocated rollout (Qwen3-30B-A3B): prefill processes 96.68 % of
-            tokens in 26.48 % of the time. With an ideal per-conversation cache our workload would
-            compute only 57.5 % of its tokens in prefill (and spend 3.7 % of the time there); the
-            paper's split is only reachable with little reuse. Measured in the emulator
-            (``EmulatedEngine.phase_split``, colocated Qwen3-30B-A3B, 8 workers, B = 64, one batch):
-            reuse 0 -> 30.4 % of the time in prefill, 0.25 -> 27.4 %, 0.3 -> 26.6 %, 0.35 -> 25.7 %,
-            0.5 -> 22.4 %, 1.0 -> 3.7 %; 0.3 is the value closest to 26.48 % (computed-token share
-            94.1 %, hit ratio 28 %). The value stands for the cache misses of a real deployment
-            that the emulator does not model one by one (LRU eviction of the conversation's leaf
-            blocks while its trajectory waits on the environment next to 2 x B concurrent
-            32K-token trajectories, chat-template re-rendering of earlier turns); routing stays
-            conversation-sticky as in ROLL's ``EnvAffinityRouter``, and weight-update flushes are
-            modelled explicitly on top. It was chosen from that single-system measurement only,
-            before and independently of any comparison between systems; the predictor's prior
-            (``workload.prefix_cache_hit``) is set to the same 0.3 and refit from telemetry.
+            Prefix reuse is not a constant: it comes out of the emulated engine's radix cache
+            (``pearl/engines/radix_cache.py``; docs/calibration.md). The predictor's prior
+            (``workload.prefix_cache_hit``) is 0.85, the low end of what coding agents measure
+            (TraceLab, arXiv 2606.30560: 85-96 % of steps' prompts served from cache); telemetry
+            refits it after every batch.
 
-            The means of the response, observation and tool-call lengths of ``paper`` can be set
+            The means of the response, observation and tool-call lengths of ``paper`` are set
             per model in ``configs/emulator/<model>-<hardware>.yaml`` (``workload``:
             ``WorkloadMeans``; ``python -m pearl calibrate`` fits them): ``load_preset_config``
             applies them over the preset, the distributions' other parameters unchanged.
