@@ -366,9 +366,18 @@ def run_world(p: WorldParams, batches: int = 3, top_k: int = 3, exhaustive: bool
                       else {"makespan_s": None, "trajectories": 0, "infeasible": "the prior finds no feasible split"}),
     }
     bm = feasible[best]["makespan_s"]
+    wl = cfg.workload
     return {
         "id": p.id,
         "params": p.model_dump(exclude={"id"}),
+        # what the world ran with where it left a parameter to the preset or the physics file
+        "effective": {"observation_tokens": wl.observation_tokens.mean, "turns": wl.turns.mean,
+                      "tool_s": wl.env_step_s.mean, "system_prompt_tokens": wl.system_prompt_tokens,
+                      "host_cpu_factor": physics.host_cpu_factor if physics.host_cpu_factor is not None else 1.0,
+                      "launch_per_layer_s": (physics.launch_per_layer_s if physics.launch_per_layer_s is not None
+                                             else cfg.emulator.launch_per_layer_s),
+                      "memory_utilization": (physics.memory_utilization if physics.memory_utilization is not None
+                                             else cfg.hardware.memory_utilization)},
         "best_static": {"allocation": best, "makespan_s": bm, "mode": "colocated" if best == "coloc" else "split"},
         "static": {k: {"makespan_s": v["makespan_s"], "failed": v["failed"], "prefix_hit": v["prefix_hit"],
                        "prefill_time_share": v["prefill_time_share"], "retracted": v["retracted"],

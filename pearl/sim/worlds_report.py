@@ -95,6 +95,8 @@ def _axis(r: dict[str, Any], name: str) -> float | None:
     if name == "batch_per_gpu":
         return float(p["batch"]) / float(p["gpus"])
     v = p.get(name)
+    if v is None:  # left to the preset or the physics file: what the world ran with
+        v = r.get("effective", {}).get(name)
     if isinstance(v, str):
         return float(next(d for d in SPACE if d.name == name).choices.index(v))
     return None if v is None else float(v)
