@@ -211,8 +211,9 @@ def markdown(results: Sequence[dict[str, Any]], summary: dict[str, Any], command
         return "\n".join(lines)
     bm = summary["best_mode"]
     reg = summary["pearl_regret"]
+    shares = ", ".join(f"{k} ({v})" for k, v in bm["split_prefill_shares"].items()) or "none"
     lines.append(f"Best static mode: colocation in {bm['colocated']} worlds, a split in {bm['split']} "
-                 f"(prefill shares {bm['split_prefill_shares']}). PEARL's regret over the best static "
+                 f"(prefill share of the workers, worlds: {shares}). PEARL's regret over the best static "
                  f"configuration: median {100 * reg['median']:+.2f} %, mean {100 * reg['mean']:+.2f} %, worst "
                  f"{100 * reg['worst']:+.2f} % ({reg['worst_world']}); within 0.5 %: "
                  f"{100 * reg['within_0.5pct']:.0f} % of worlds, within 2 %: {100 * reg['within_2pct']:.0f} %.\n")
@@ -301,9 +302,14 @@ def worlds_main(args: Any) -> int:
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     paths = write(Path(args.out), results, summary, command)
     if args.docs and summary.get("ran"):
+        import shutil
+
         section = markdown(results, summary, command)
-        png = paths["png"]
-        section += f"\n![worlds]({png.as_posix()})\n" if png.is_file() else ""
+        if paths["png"].is_file():  # the picture travels with the page (the run's folder is not kept)
+            dest = Path(args.docs).parent / "worlds.png"
+            if dest.resolve() != paths["png"].resolve():
+                shutil.copyfile(paths["png"], dest)
+            section = section.replace("\n\n", "\n\n![worlds: the best static mode and PEARL's regret](worlds.png)\n\n", 1)
         _docs_section(Path(args.docs), section)
     if args.json:
         print(json.dumps({"worlds": results, "summary": summary}))

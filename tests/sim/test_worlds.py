@@ -127,6 +127,7 @@ def test_the_command_writes_the_json_table_and_picture_and_reports_bad_worlds(tm
         assert (tmp_path / name).is_file()
     text = docs.read_text()
     assert "stale" not in text and "## Worlds" in text and "kept" in text and "old" in text
+    assert "![worlds: the best static mode and PEARL's regret](worlds.png)" in text
     assert sim_main(["experiments", "worlds", "--batches", "0"]) == 2
 
 
