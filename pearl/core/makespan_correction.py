@@ -56,6 +56,13 @@ The cost of that choice, written down: in an elastic run a mode whose own model 
 only from batches on a fixed pool; until then its error is shared with the other mode through
 ``s``, and neither is ranked ahead for it.
 
+A mode no batch has measured yet borrows the measured mode's own term, ``m(c) = m_other`` (at
+its anchors' mean prefill fraction), until a batch of its own runs: the two models share the cost
+surface and the workload profile their error most likely comes from, and a mode ranked on its
+bare model against an incumbent corrected by its own measurements would read the incumbent's
+measured shortfall as a saving of the mode nobody measured. Once it runs, its own anchors take
+over.
+
 The factor applied is ``exp(x)`` clipped to ``[1 / MAX_FACTOR, MAX_FACTOR]``. ``Q``, ``R`` and the
 prior variance ``P0`` are modelling choices (below): a batch's makespan varies ~3-8 % from seed
 to seed (``R``, docs/predictor.md), and the correction should follow a change of workload within a
@@ -127,6 +134,18 @@ class MakespanCorrection:
             x = np.where(hit, (exact * arr[None, :, 2]).sum(axis=1), x)
         return x
 
+    def _own(self, kind: str, n_workers: float, f: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """A mode's own term ``m``; a mode no batch has measured yet takes the other mode's (at
+        its anchors' mean prefill fraction) until one does (module docstring)."""
+        if getattr(self, kind):
+            return self._x(kind, n_workers, f)
+        other = "split" if kind == "colocated" else "colocated"
+        anchors: tuple[Anchor, ...] = getattr(self, other)
+        if not anchors:
+            return np.zeros_like(f)
+        at = np.full(1, sum(a[0] for a in anchors) / len(anchors))
+        return np.full_like(f, float(self._x(other, n_workers, at)[0]))
+
     def _terms(self, n_workers: int, n_prefill: int | None) -> tuple[str, float, float, float]:
         """A configuration's anchor set, prefill fraction and two terms ``s(N)``, ``m(c)``."""
         kind, f = _where(n_workers, n_prefill)
@@ -138,10 +157,10 @@ class MakespanCorrection:
         each split ``(n_prefill, n_workers - n_prefill)``; shape (1,) or (M,)."""
         x = self._x("shared", n_workers, np.zeros(1))
         if n_prefill is None:
-            x = x + self._x("colocated", n_workers, np.zeros(1))
+            x = x + self._own("colocated", n_workers, np.zeros(1))
         else:
             f = np.asarray(n_prefill, dtype=np.float64) / max(n_workers, 1.0)
-            x = x + self._x("split", n_workers, f)
+            x = x + self._own("split", n_workers, f)
         lim = math.log(MAX_FACTOR)
         out: npt.NDArray[np.float64] = np.clip(x, -lim, lim)
         return out
