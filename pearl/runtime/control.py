@@ -18,26 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pearl.core.events import ElasticEvent
+from pearl.runtime.outcomes import SubmitResult, UnknownResourceError
 
 if TYPE_CHECKING:
     from pearl.runtime.door import EventDoor
-
-
-class UnknownResourceError(LookupError):
-    """A GPU, instance or notice id the controller does not know."""
-
-    def __init__(self, kind: str, ident: str) -> None:
-        super().__init__(f"unknown {kind} {ident!r}")
-        self.kind = kind
-        self.ident = ident
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitResult:
-    applied: bool
-    duplicate: bool = False
-    event_id: str = ""
-    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +70,6 @@ class ControlPlane(Protocol):
     def config_dict(self) -> dict[str, Any]:
         """The effective config, secrets redacted."""
         ...
+
+
+__all__ = ["ControlPlane", "Progress", "SubmitResult", "UnknownResourceError"]

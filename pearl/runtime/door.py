@@ -55,8 +55,8 @@ from pearl.core.events import (
     TrainingStarted,
 )
 from pearl.core.ids import ident_problem
-from pearl.runtime.control import SubmitResult, UnknownResourceError
 from pearl.runtime.journal import EventStatus, Journal, JournaledEvent
+from pearl.runtime.outcomes import SubmitResult, UnknownResourceError
 
 log = logging.getLogger("pearl.door")
 

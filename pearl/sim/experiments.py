@@ -53,29 +53,20 @@ from pearl.sim.experiment_tables import (
 )
 from pearl.sim.presets import load_preset_config
 from pearl.sim.replay_report import markdown_table
+from pearl.sim.simulate import best_allocation_search, run_simulation
 from pearl.sim.systems import ABLATION, SYSTEMS, UnknownSystemError
-from pearl.sim.traces import SHIPPED_TRACE, SegmentPick, gpu_timeline, load_trace, match_segments, pick_segments
+from pearl.sim.traces import (
+    SHIPPED_TRACE,
+    SegmentPick,
+    fig5_segments,
+    gpu_timeline,
+    load_trace,
+    pick_segments,
+)
 
 MODELS = {"qwen3-8b": "qwen3-8b-h200", "qwen3-30b-a3b": "qwen3-30b-a3b-h200"}
 #: Fig. 5 / Fig. 8 / Table 3 trace unless ``--trace`` names another (the shipped Bamboo g4dn trace).
 DEFAULT_TRACE = SHIPPED_TRACE
-#: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
-#: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
-#: these minus the reserved ones.
-PAPER_ROLL_LARGE = (14, 10, 12)
-
-
-def fig5_segments(tr: Any, cfg: RunConfig, hours: float, segments: str) -> dict[str, SegmentPick]:
-    """``picker``: abundant / volatile / scarce (``pick_segments``); ``paper``: segments whose
-    mean preemptible GPUs match the paper's ROLL-Large pools (``PAPER_ROLL_LARGE`` minus
-    ``cluster.reserved_gpus``), labelled ``like-<pool>``."""
-    if segments == "picker":
-        picks = pick_segments(tr, cfg.cluster, hours)
-        return {k: picks[k] for k in ("abundant", "volatile", "scarce")}
-    if segments == "paper":
-        targets = {f"like-{g}": float(g - cfg.cluster.reserved_gpus) for g in PAPER_ROLL_LARGE}
-        return match_segments(tr, cfg.cluster, targets, hours)
-    raise ValueError(f"fig5 segments must be 'picker' or 'paper', not {segments!r}")
 
 
 def _cfg(name: str, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -93,8 +84,6 @@ def _save(out: Path, name: str, data: Any, md: str) -> str:
 def _sim_job(job: tuple[str, dict[str, Any], str | None, float, float, tuple[str, ...], bool]) -> dict[str, Any]:
     """One ``run_simulation`` in a worker process: (config, overrides, trace, start_h, hours,
     systems, ablation ladder?). Without a trace: a fixed pool for ``hours``."""
-    from pearl.sim.simulate import run_simulation
-
     cfg_name, ov, trace, start_h, hours, names, ablation = job
     cfg = _cfg(cfg_name, ov)
     specs = [(ABLATION if ablation else SYSTEMS)[n] for n in names]
@@ -108,8 +97,6 @@ def _sim_job(job: tuple[str, dict[str, Any], str | None, float, float, tuple[str
 
 
 def _table2_job(job: tuple[int, int, int]) -> dict[str, Any]:
-    from pearl.sim.simulate import best_allocation_search
-
     n, batches, seed_offset = job
     return best_allocation_search(_cfg("qwen3-8b-h200"), n, batches=batches, seed_offset=seed_offset)
 

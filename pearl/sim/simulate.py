@@ -584,15 +584,13 @@ def best_allocation_search(cfg: RunConfig, n: int, batches: int = 1, top_k: int 
 def run_simulation_cli(cfg: RunConfig, args: Any) -> dict[str, Any]:
     from pearl.sim.replay_report import write_report
     from pearl.sim.systems import parse_systems
-    from pearl.sim.traces import gpu_timeline, load_trace, pick_segments
+    from pearl.sim.traces import fig5_segments, gpu_timeline, load_trace, pick_segments
 
     systems = parse_systems(args.systems)
     if args.seed is not None:
         cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"seed": args.seed})})
     trace = load_trace(args.trace)
     if args.segment and args.segment.startswith("like-"):  # matched to the paper's segments
-        from pearl.sim.experiments import fig5_segments
-
         start_h = fig5_segments(trace, cfg, args.hours, "paper")[args.segment].start_hour
     elif args.segment:
         start_h = pick_segments(trace, cfg.cluster, args.hours)[args.segment].start_hour

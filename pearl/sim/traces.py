@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pearl.config import CONFIG_DIR, ClusterSpec
+from pearl.config import CONFIG_DIR, ClusterSpec, RunConfig
 from pearl.core.events import GpusGranted, GrantedGpu, ReclaimNotice
 
 #: AWS spot interruption notice, seconds.
@@ -402,3 +402,22 @@ def pick_segments(trace: Trace, cluster: ClusterSpec, hours: float = 2.0) -> dic
                          f"segment's {low:.2f}: no volatile segment at least as provisioned")
     take("volatile", lambda s: (-s[2], -s[3], s[0]), pool)
     return {k: picks[k] for k in ("abundant", "volatile", "scarce") if k in picks}
+
+
+#: The paper's ROLL-Large pool per segment (Sec. 6.1: "fixed rollout pools of 14, 10, or 12 GPUs"),
+#: sized to each segment's GPUs: ``fig5-paper`` picks segments whose mean preemptible GPUs are
+#: these minus the reserved ones.
+PAPER_ROLL_LARGE = (14, 10, 12)
+
+
+def fig5_segments(tr: Trace, cfg: RunConfig, hours: float, segments: str) -> dict[str, SegmentPick]:
+    """``picker``: abundant / volatile / scarce (``pick_segments``); ``paper``: segments whose
+    mean preemptible GPUs match the paper's ROLL-Large pools (``PAPER_ROLL_LARGE`` minus
+    ``cluster.reserved_gpus``), labelled ``like-<pool>``."""
+    if segments == "picker":
+        picks = pick_segments(tr, cfg.cluster, hours)
+        return {k: picks[k] for k in ("abundant", "volatile", "scarce")}
+    if segments == "paper":
+        targets = {f"like-{g}": float(g - cfg.cluster.reserved_gpus) for g in PAPER_ROLL_LARGE}
+        return match_segments(tr, cfg.cluster, targets, hours)
+    raise ValueError(f"fig5 segments must be 'picker' or 'paper', not {segments!r}")
