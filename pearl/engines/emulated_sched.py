@@ -83,6 +83,10 @@ class NewTokenRatio:
     def reset(self) -> None:
         self.current = self.init
 
+    def retracted(self, ratio: float) -> None:
+        """A retraction sets the ratio (``ratio_after_retract`` of the requests kept)."""
+        self.current = ratio
+
 
 def admission_estimate(r: Decoding) -> int:
     """``min(M - o, CLIP)``: the tokens a request may still decode, as the admission counts them."""

@@ -584,7 +584,7 @@ class IterationLoop:
             self._inflight.pop(r.rid, None)
             r.fut.set_exception(EngineError(w.id, f"request {r.rid} alone outgrows the KV pool of {w.capacity} "
                                                   "tokens; shorten the trajectory limit"))
-        w.ratio.current = ratio_after_retract([reqs[i] for i in keep])
+        w.ratio.retracted(ratio_after_retract([reqs[i] for i in keep]))
         copy = 0
         for r in out:
             if w.role is Role.DECODE:
@@ -638,7 +638,7 @@ class IterationLoop:
                 break
             w.kv_wait.popleft()
             self._alloc(w, r.input_len)
-            r.owned = r.input_len
+            r.owned = len(r.input_ids)
             r.stage = Stage.TRANSFER
             w.transferring += 1
             active += 1

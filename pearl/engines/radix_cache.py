@@ -55,13 +55,14 @@ class Node:
 
     __slots__ = ("children", "hi", "last_access", "lo", "lock_ref", "parent", "seq", "tick")
 
-    def __init__(self, seq: Sequence[int], lo: int, hi: int, parent: Node | None, now: float, tick: int = 0) -> None:
+    def __init__(self, seq: Sequence[int], lo: int, hi: int, parent: Node | None, now: float, tick: int = 0,
+                 lock_ref: int = 0) -> None:
         self.seq = seq
         self.lo = lo
         self.hi = hi
         self.parent = parent
         self.children: dict[int, Node] = {}
-        self.lock_ref = 0
+        self.lock_ref = lock_ref
         self.last_access = now
         self.tick = tick  # the tree's access count at its last access: orders accesses at one instant
 
@@ -176,8 +177,7 @@ class RadixCache:
         tokens (SGLang's ``_split_node``: the new node inherits the lock)."""
         parent = child.parent
         assert parent is not None and 0 < k < len(child)
-        new = Node(child.seq, child.lo, child.lo + k, parent, child.last_access, child.tick)
-        new.lock_ref = child.lock_ref
+        new = Node(child.seq, child.lo, child.lo + k, parent, child.last_access, child.tick, child.lock_ref)
         parent.children[child.seq[child.lo]] = new
         child.lo += k
         child.parent = new
